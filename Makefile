@@ -1,0 +1,34 @@
+# One entry point for set-up, tests, the demo and the benchmarks.
+# Everything installs into a local virtual environment, so a fresh machine needs only Python.
+PYTHON ?= python3
+VENV ?= .venv
+# Pinned: an unpinned torch pulls several GB of CUDA wheels. Override with `make TORCH_SPEC=torch==X.Y.Z`.
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-fast demo bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(PY) -m pytest -q tests -m "not multiprocess"
+
+demo: install
+	$(PY) examples/demo.py
+
+bench: install
+	$(PY) benchmarks/bench_loader.py
+
+clean:
+	rm -rf $(VENV) demo_runs bench_out .pytest_cache
