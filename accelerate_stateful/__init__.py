@@ -1,0 +1,41 @@
+"""accelerate-stateful: exact, replay-free mid-epoch resume for Hugging Face Accelerate loaders."""
+
+from ._adapter import DataLoaderAdapter, Phase
+from ._context import DistContext
+from ._files import latest_checkpoint
+from ._position import ShardPlan
+from ._state import FORMAT_VERSION, LoaderState
+from .accelerator import Accelerator
+from .errors import (
+    CheckpointError,
+    LifecycleError,
+    Mismatch,
+    StateMismatchError,
+    StateSerializationError,
+    StatefulLoaderError,
+    UnsupportedConfigError,
+)
+from .shard import ShardDataLoader
+from .skip import SkipDataLoader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accelerator",
+    "CheckpointError",
+    "DataLoaderAdapter",
+    "DistContext",
+    "FORMAT_VERSION",
+    "LifecycleError",
+    "LoaderState",
+    "Mismatch",
+    "Phase",
+    "ShardDataLoader",
+    "ShardPlan",
+    "SkipDataLoader",
+    "StateMismatchError",
+    "StateSerializationError",
+    "StatefulLoaderError",
+    "UnsupportedConfigError",
+    "latest_checkpoint",
+]

@@ -1,0 +1,259 @@
+"""DataLoaderAdapter: holds a base loader, owns the lifecycle and the state template."""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from typing import Any, ClassVar, Generator, Iterator, Mapping, Optional
+
+import torch
+from accelerate.state import GradientState
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import DataLoader
+
+from . import _state as S
+from ._context import DistContext
+from .errors import LifecycleError, Mismatch
+
+
+class Phase(enum.Enum):
+    """Where a loader is in its lifecycle (see ``docs/lifecycle.md``)."""
+
+    NOT_STARTED = "not started"
+    ITERATING = "iterating"
+    EXHAUSTED = "exhausted"
+    RESTORED = "restored"
+
+
+class DataLoaderAdapter(Stateful):
+    """A prepared loader: wraps a base ``DataLoader`` by composition.
+
+    The adapter owns the lifecycle and the public ``state_dict()`` /
+    ``load_state_dict()`` (version, validation, lifecycle checks); a variant
+    implements the position hooks (``_batches``, ``_position_state``,
+    ``_restore``, ``_rewind``, ``_seek``, ``_config``) and ``__len__``.
+
+    Lifecycle:
+
+    ============  ======================  ===========================  ====================
+    state         ``iter()``              ``state_dict()``             ``load_state_dict()``
+    ============  ======================  ===========================  ====================
+    not started   start epoch ``epoch``   start of epoch ``epoch``     allowed → restored
+    iterating     restart the epoch       after the last batch taken   error while live
+    exhausted     start epoch ``epoch``   start of epoch ``epoch``     allowed → restored
+    restored      continue from there     the restored position        allowed (replaces)
+    ============  ======================  ===========================  ====================
+
+    On exhaustion ``epoch`` moves to the next epoch at once, so ``set_epoch``
+    with the loader's own epoch never disturbs a position.
+    """
+
+    mode: ClassVar[str] = "abstract"
+
+    def __init__(
+        self,
+        base_loader: DataLoader,
+        ctx: DistContext,
+        *,
+        seed: int,
+        seed_source: str,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+    ) -> None:
+        self._base = base_loader
+        self.ctx = ctx
+        self.device = device
+        self.non_blocking = non_blocking
+        self._seed = seed
+        self._seed_source = seed_source
+        self._epoch = 0
+        self._phase = Phase.NOT_STARTED
+        self._live: Optional[weakref.ref] = None
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    # ----------------------------------------------------------------- public surface
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def seed(self) -> int:
+        """The seed every epoch's order is drawn from."""
+        return self._seed
+
+    @property
+    def batches_yielded(self) -> int:
+        """Batches of the current epoch already handed to the training loop (progress bars)."""
+        return self._batches_taken()
+
+    def unwrap(self) -> DataLoader:
+        """The base loader this adapter drives."""
+        return self._base
+
+    @property
+    def dataset(self) -> Any:
+        return self._base.dataset
+
+    @property
+    def num_workers(self) -> int:
+        return self._base.num_workers
+
+    @property
+    def collate_fn(self) -> Any:
+        return self._base.collate_fn
+
+    @property
+    def pin_memory(self) -> bool:
+        return self._base.pin_memory
+
+    def __iter__(self) -> Iterator[Any]:
+        live = self._live_iterator()
+        if live is not None:
+            live.close()
+        if self._phase is Phase.ITERATING:
+            self._rewind()
+        run = self._run()
+        self._live = weakref.ref(run)
+        return run
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to the start of ``epoch``; with the current epoch this changes nothing."""
+        if epoch == self._epoch:
+            return
+        self._refuse_if_live("set_epoch()")
+        self._epoch = epoch
+        self._rewind()
+        self._phase = Phase.NOT_STARTED
+
+    def seek(self, num_batches: int) -> None:
+        """Position the loader ``num_batches`` into its current epoch, reading nothing."""
+        self._refuse_if_live("seek()")
+        if not 0 <= num_batches <= len(self):
+            raise ValueError(
+                f"cannot skip {num_batches} batches: epoch {self._epoch} has {len(self)} batches on this rank"
+            )
+        self._seek(num_batches)
+        self._phase = Phase.RESTORED
+
+    def state_dict(self) -> S.LoaderState:
+        """The complete position, valid in every lifecycle state (no side effects)."""
+        state = {
+            S.VERSION: S.FORMAT_VERSION,
+            S.MODE: self.mode,
+            S.EPOCH: self._epoch,
+            S.SEED: self._seed,
+            S.SEED_SOURCE: self._seed_source,
+            S.TOPOLOGY: {"world_size": self.ctx.world_size, "rank": self.ctx.rank, "num_workers": self.num_workers},
+            S.CONFIG: self._config(),
+            S.BASE: self._base_state(),
+        }
+        state.update(self._position_state())
+        return state  # type: ignore[return-value]
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a position saved by ``state_dict()``; refused while an iterator is live."""
+        self._refuse_if_live("load_state_dict()")
+        self.validate_state(state_dict)
+        _, seed, seed_source = S.resolve_seed(state_dict, self._seed, self._seed_source)
+        self._restore(state_dict)
+        self._seed, self._seed_source = seed, seed_source
+        self._epoch = state_dict[S.EPOCH]
+        self._phase = Phase.RESTORED
+
+    def validate_state(self, state_dict: Mapping[str, Any], source: str = "") -> None:
+        """Raise if ``state_dict`` cannot be loaded into this loader; changes nothing."""
+        S.check_shape(state_dict, source)
+        mismatches = []
+        if state_dict[S.MODE] != self.mode:
+            mismatches.append(Mismatch(S.MODE, state_dict[S.MODE], self.mode))
+        mismatches += S.config_mismatches(state_dict[S.CONFIG], self._config())
+        seed_mismatch, _, _ = S.resolve_seed(state_dict, self._seed, self._seed_source)
+        if seed_mismatch is not None:
+            mismatches.append(seed_mismatch)
+        S.raise_mismatches(mismatches, source)
+        self._check_position(state_dict, source)
+
+    # ----------------------------------------------------------------- lifecycle internals
+    def _run(self) -> Generator[Any, None, None]:
+        self._phase = Phase.ITERATING
+        self._begin()
+        try:
+            yield from self._batches()
+            self._epoch += 1
+            self._rewind()
+            self._phase = Phase.EXHAUSTED
+        finally:
+            self._end()
+
+    def _live_iterator(self) -> Optional[Generator]:
+        run = self._live() if self._live is not None else None
+        return run if run is not None and run.gi_frame is not None else None
+
+    def _refuse_if_live(self, action: str) -> None:
+        if self._live_iterator() is not None:
+            raise LifecycleError(
+                f"{action} called while an iterator over this loader is live (epoch {self._epoch}, "
+                f"{self.batches_yielded} batches taken); finish or drop that iterator first, "
+                "or call it before iter()"
+            )
+
+    def _begin(self) -> None:
+        self.end_of_dataloader = False
+        self.remainder = self._remainder()
+        GradientState()._add_dataloader(self)
+
+    def _end(self) -> None:
+        GradientState()._remove_dataloader(self)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_live"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(epoch={self._epoch}, batches_yielded={self.batches_yielded}, "
+            f"phase={self._phase.value!r}, rank={self.ctx.rank}/{self.ctx.world_size})"
+        )
+
+    # ----------------------------------------------------------------- variant hooks
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _batches(self) -> Iterator[Any]:
+        """Yield the epoch's batches from the current position, advancing it before each yield."""
+        raise NotImplementedError
+
+    def _batches_taken(self) -> int:
+        raise NotImplementedError
+
+    def _position_state(self) -> dict:
+        raise NotImplementedError
+
+    def _config(self) -> dict:
+        raise NotImplementedError
+
+    def _base_state(self) -> Any:
+        return None
+
+    def _remainder(self) -> int:
+        return -1
+
+    def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
+        """Raise if the saved position cannot be continued here."""
+
+    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _rewind(self) -> None:
+        """Back to the start of the current epoch."""
+        raise NotImplementedError
+
+    def _seek(self, num_batches: int) -> None:
+        raise NotImplementedError

@@ -1,0 +1,307 @@
+"""The shard loader: each rank reads its own share of a map-style dataset."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator, Mapping, Optional, Sized
+
+import torch
+from accelerate.utils import send_to_device
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from . import _state as S
+from ._adapter import DataLoaderAdapter
+from ._context import DistContext
+from ._order import EpochOrder, mix_seed, order_for
+from ._position import ShardPlan
+from .errors import UnsupportedConfigError
+
+logger = logging.getLogger(__name__)
+
+# DataLoader settings carried from the user's loader to the base loader, by name.
+LOADER_SETTINGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+_WORKER_SALT = 0x5EED
+
+
+class _PlanBatchSampler(Sampler[list[int]]):
+    """Feeds the base loader the index lists of one pass, from a start step on."""
+
+    def __init__(self) -> None:
+        self._indices = torch.empty(0, dtype=torch.int64)
+        self._plan: Optional[ShardPlan] = None
+        self._start = 0
+
+    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int) -> None:
+        self._indices, self._plan, self._start = indices, plan, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        indices, plan = self._indices, self._plan
+        n = plan.num_samples
+        for step in range(self._start, plan.num_batches):
+            start, stop = plan.batch_span(step)
+            if stop <= n:
+                yield indices[start:stop].tolist()
+            else:
+                yield indices[torch.arange(start, stop) % n].tolist()
+
+    def __len__(self) -> int:
+        return self._plan.num_batches - self._start if self._plan is not None else 0
+
+
+class ShardDataLoader(DataLoaderAdapter):
+    """Each rank reads its own batches of a map-style dataset, exactly as Accelerate shards it.
+
+    The epoch's order is a pure function of (seed, epoch); the position is the
+    number of samples all ranks together consumed in the epoch, from which this
+    rank's next batch is computed: resuming reads no sample it does not deliver,
+    and workers hold no position, so ``num_workers`` may change between runs.
+
+    Example:
+        >>> dl = DataLoader(range(10), batch_size=2, shuffle=True)
+        >>> shard = ShardDataLoader.from_dataloader(dl, DistContext(rank=0, world_size=2))
+        >>> len(shard)
+        3
+    """
+
+    mode = "shard"
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        order: EpochOrder,
+        batch_size: int,
+        ctx: DistContext,
+        seed: int,
+        seed_source: str,
+        drop_last: bool = False,
+        even_batches: bool = True,
+        split_batches: bool = False,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        **loader_settings: Any,
+    ) -> None:
+        if split_batches and batch_size % ctx.world_size != 0:
+            raise UnsupportedConfigError(
+                f"split_batches=True needs a batch_size divisible by the number of processes: "
+                f"batch_size={batch_size}, processes={ctx.world_size}; change one of them"
+            )
+        self._sampler = _PlanBatchSampler()
+        self._worker_generator = torch.Generator()
+        base = DataLoader(dataset, batch_sampler=self._sampler, generator=self._worker_generator, **loader_settings)
+        super().__init__(base, ctx, seed=seed, seed_source=seed_source, device=device, non_blocking=non_blocking)
+        self._order = order
+        self._loader_batch_size = batch_size
+        self._drop_last = drop_last
+        self._even_batches = even_batches
+        self._split_batches = split_batches
+        self._plan = self._plan_from(0)
+        self._consumed = 0
+        self._cached_order: tuple[tuple[int, int], torch.Tensor] = ((-1, -1), torch.empty(0))
+
+    @classmethod
+    def from_dataloader(
+        cls,
+        dataloader: DataLoader,
+        ctx: Optional[DistContext] = None,
+        *,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        data_seed: Optional[int] = None,
+    ) -> "ShardDataLoader":
+        """Build the shard loader that replaces a user's ``DataLoader`` in ``prepare``."""
+        ctx = ctx if ctx is not None else DistContext.detect()
+        dataset = dataloader.dataset
+        if isinstance(dataset, IterableDataset):
+            raise UnsupportedConfigError(
+                f"{type(dataset).__name__} is an IterableDataset, which the stateful shard loader does not "
+                "support yet; use a map-style dataset or set use_stateful_dataloader=False"
+            )
+        if dataloader.batch_size is None:
+            raise UnsupportedConfigError(
+                "the DataLoader has no batch_size (a custom batch_sampler, or batch_size=None), which the "
+                "stateful loader does not support; pass batch_size=... and, if needed, sampler=..."
+            )
+        sampler = dataloader.sampler
+        if not isinstance(sampler, Sized):
+            raise UnsupportedConfigError(
+                f"the sampler {type(sampler).__name__} has no len(), so a position in its epoch cannot be "
+                "resumed; give it a __len__ or use a sampler that has one"
+            )
+        seed, seed_source = _choose_seed(dataloader, data_seed, ctx)
+        settings = {name: getattr(dataloader, name) for name in LOADER_SETTINGS if hasattr(dataloader, name)}
+        return cls(
+            dataset,
+            order=order_for(sampler, len(dataset)),
+            batch_size=dataloader.batch_size,
+            ctx=ctx,
+            seed=seed,
+            seed_source=seed_source,
+            drop_last=dataloader.drop_last,
+            even_batches=even_batches,
+            split_batches=split_batches,
+            device=device,
+            non_blocking=non_blocking,
+            **settings,
+        )
+
+    # ----------------------------------------------------------------- forwarded by name
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on this rank."""
+        return self._plan.batch_size
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step across all ranks (Accelerate's name)."""
+        return self._plan.total_batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        return self._order.num_samples
+
+    @property
+    def drop_last(self) -> bool:
+        return self._drop_last
+
+    @property
+    def batch_sampler(self) -> Sampler:
+        return self._sampler
+
+    def __len__(self) -> int:
+        return self._plan.num_batches
+
+    # ----------------------------------------------------------------- position hooks
+    def _plan_from(self, origin: int) -> ShardPlan:
+        world = self.ctx.world_size
+        per_rank = self._loader_batch_size // world if self._split_batches else self._loader_batch_size
+        return ShardPlan(
+            num_samples=self._order.num_samples,
+            batch_size=per_rank,
+            world_size=world,
+            rank=self.ctx.rank,
+            drop_last=self._drop_last,
+            even_batches=self._even_batches,
+            origin=origin,
+        )
+
+    def _epoch_indices(self) -> torch.Tensor:
+        key = (self._seed, self._epoch)
+        if self._cached_order[0] != key:
+            indices = self._order.indices(*key)
+            if len(indices) != self._order.num_samples:
+                raise UnsupportedConfigError(
+                    f"the sampler ({self._order.kind}) drew {len(indices)} indices in epoch {self._epoch}, but "
+                    f"its len() is {self._order.num_samples}; a resumable sampler must draw len() indices"
+                )
+            self._cached_order = (key, indices)
+        return self._cached_order[1]
+
+    def _batches(self) -> Iterator[Any]:
+        plan = self._plan
+        total, step = plan.num_batches, plan.steps_for(self._consumed)
+        self._sampler.set_pass(self._epoch_indices(), plan, step)
+        self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
+        device, non_blocking = self.device, self.non_blocking
+        for batch in self._base:
+            step += 1
+            self._consumed = plan.samples_consumed(step)
+            self.end_of_dataloader = step == total
+            if device is not None:
+                batch = send_to_device(batch, device, non_blocking=non_blocking)
+            yield batch
+
+    def _batches_taken(self) -> int:
+        return self._plan.steps_for(self._consumed)
+
+    def _position_state(self) -> dict:
+        return {
+            S.SAMPLES_CONSUMED: self._consumed,
+            S.STRIPE_ORIGIN: self._plan.origin,
+            S.BATCHES_YIELDED: self._batches_taken(),
+        }
+
+    def _config(self) -> dict:
+        return {
+            "batch_size": self._loader_batch_size,
+            "dataset_length": len(self._base.dataset),
+            "num_samples": self._order.num_samples,
+            "drop_last": self._drop_last,
+            "even_batches": self._even_batches,
+            "split_batches": self._split_batches,
+            "order": self._order.kind,
+        }
+
+    def _remainder(self) -> int:
+        return -1 if self._drop_last else self._order.num_samples % self._plan.total_batch_size
+
+    def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
+        saved = state_dict[S.TOPOLOGY]
+        where = f" in {source}" if source else ""
+        if saved.get("world_size") != self.ctx.world_size:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the checkpoint was written on {saved.get('world_size')} processes and this "
+                f"run has {self.ctx.world_size}; elastic resume is not supported for this configuration yet, "
+                f"so relaunch with --num_processes {saved.get('world_size')} or start a fresh run"
+            )
+        if saved.get("rank") != self.ctx.rank:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
+                f"{self.ctx.rank}; load each rank's own state"
+            )
+        origin = state_dict.get(S.STRIPE_ORIGIN, 0)
+        try:
+            steps = self._plan_from(origin).steps_for(state_dict[S.SAMPLES_CONSUMED])
+        except ValueError as exc:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: inconsistent position ({exc}); the state is damaged or was edited "
+                "by hand, resume from another checkpoint"
+            ) from None
+        if steps != state_dict[S.BATCHES_YIELDED]:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: inconsistent position: samples_consumed={state_dict[S.SAMPLES_CONSUMED]} "
+                f"means {steps} batches on this rank, but batches_yielded={state_dict[S.BATCHES_YIELDED]}; "
+                "the state is damaged or was edited by hand, resume from another checkpoint"
+            )
+
+    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        if self.num_workers != state_dict[S.TOPOLOGY].get("num_workers"):
+            logger.info(
+                "resuming with num_workers=%s (was %s): map-style workers hold no position, nothing to move",
+                self.num_workers,
+                state_dict[S.TOPOLOGY].get("num_workers"),
+            )
+        self._plan = self._plan_from(state_dict.get(S.STRIPE_ORIGIN, 0))
+        self._consumed = state_dict[S.SAMPLES_CONSUMED]
+
+    def _rewind(self) -> None:
+        self._plan = self._plan_from(0)
+        self._consumed = 0
+
+    def _seek(self, num_batches: int) -> None:
+        self._consumed = self._plan.samples_consumed(num_batches)
+
+
+def _choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext) -> tuple[int, str]:
+    """The seed of the epoch orders: the user's choice, else one drawn and agreed across ranks."""
+    if data_seed is not None:
+        return int(data_seed), "data_seed"
+    for generator in (getattr(dataloader.sampler, "generator", None), dataloader.generator):
+        if isinstance(generator, torch.Generator):
+            return int(generator.initial_seed()), "generator"
+    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+    return int(ctx.broadcast(drawn)), "drawn"
