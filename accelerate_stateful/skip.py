@@ -10,13 +10,14 @@ from ._adapter import DataLoaderAdapter
 
 
 class SkipDataLoader:
-    """A view of a prepared loader whose next pass starts ``num_batches`` into the epoch.
+    """A view of a prepared loader, moved ``num_batches`` into its current epoch.
 
-    Nothing before that batch is read: the loader's position is moved, not
-    fast-forwarded. The view shares the position of the loader it wraps (the
-    one ``save_state`` records), so a checkpoint taken while iterating it is
-    exact. The skip applies to the first pass only; later passes are those of
-    the wrapped loader. ``num_batches`` counts from the start of the epoch.
+    Nothing before that batch is read: the loader's position is moved at once,
+    not fast-forwarded. The view shares the position of the loader it wraps
+    (the one ``save_state`` records), so a checkpoint taken before or while
+    iterating it is exact. The skip applies to the current epoch only; later
+    epochs are those of the wrapped loader. ``num_batches`` counts from the
+    start of the epoch, whatever position the loader had.
 
     Example:
         >>> skipped = accelerator.skip_first_batches(train_dl, 100)   # doctest: +SKIP
@@ -27,24 +28,18 @@ class SkipDataLoader:
     def __init__(self, loader: DataLoaderAdapter, num_batches: int) -> None:
         if not isinstance(loader, DataLoaderAdapter):
             raise TypeError(f"SkipDataLoader wraps a prepared stateful loader, got {type(loader).__name__}")
-        if num_batches < 0:
-            raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+        loader.seek(num_batches)
         self._loader = loader
         self.skip_batches = num_batches
-        self._pending = True
-        if num_batches > len(loader):
-            raise ValueError(
-                f"cannot skip {num_batches} batches: epoch {loader.epoch} has {len(loader)} batches on this rank"
-            )
+        self._skip_epoch = loader.epoch
 
     def __iter__(self) -> Iterator[Any]:
-        if self._pending:
-            self._loader.seek(self.skip_batches)
-            self._pending = False
         return iter(self._loader)
 
     def __len__(self) -> int:
-        return len(self._loader) - (self.skip_batches if self._pending else 0)
+        """Batches this view yields in the skipped epoch; a whole epoch's afterwards."""
+        skipped = self.skip_batches if self._loader.epoch == self._skip_epoch else 0
+        return len(self._loader) - skipped
 
     def unwrap(self) -> DataLoader:
         return self._loader.unwrap()
@@ -89,5 +84,4 @@ class SkipDataLoader:
         return self._loader.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        self._pending = False
         self._loader.load_state_dict(state_dict)
