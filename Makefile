@@ -25,7 +25,7 @@ test-fast: install
 	$(PY) -m pytest -q tests -m "not multiprocess"
 
 demo: install
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py --self-check
 
 bench: install
 	$(PY) benchmarks/bench_loader.py

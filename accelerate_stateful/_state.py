@@ -84,7 +84,6 @@ _REQUIRED = {
     VERSION: int,
     MODE: str,
     EPOCH: int,
-    SAMPLES_CONSUMED: int,
     BATCHES_YIELDED: int,
     SEED: int,
     SEED_SOURCE: str,
@@ -116,7 +115,7 @@ def check_shape(state: Mapping[str, Any], source: str = "") -> None:
                 f"loader state{where} has an invalid '{key}': {value!r} (expected {kind.__name__}); "
                 "the file is damaged or was edited by hand, resume from another checkpoint"
             )
-    for key in (EPOCH, SAMPLES_CONSUMED, BATCHES_YIELDED):
+    for key in (EPOCH, BATCHES_YIELDED):
         if state[key] < 0:
             raise UnsupportedConfigError(
                 f"loader state{where} has a negative '{key}': {state[key]}; "

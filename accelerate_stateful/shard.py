@@ -142,7 +142,7 @@ class ShardDataLoader(DataLoaderAdapter):
                 f"the sampler {type(sampler).__name__} has no len(), so a position in its epoch cannot be "
                 "resumed; give it a __len__ or use a sampler that has one"
             )
-        seed, seed_source = _choose_seed(dataloader, data_seed, ctx)
+        seed, seed_source = choose_seed(dataloader, data_seed, ctx)
         settings = {name: getattr(dataloader, name) for name in LOADER_SETTINGS if hasattr(dataloader, name)}
         return cls(
             dataset,
@@ -195,7 +195,9 @@ class ShardDataLoader(DataLoaderAdapter):
             world_size=world,
             rank=self.ctx.rank,
             drop_last=self._drop_last,
-            even_batches=self._even_batches,
+            # Accelerate does not shard on one process (it keeps the user's batch sampler), so it never
+            # pads the last batch there.
+            even_batches=self._even_batches and world > 1,
             origin=origin,
         )
 
@@ -263,7 +265,13 @@ class ShardDataLoader(DataLoaderAdapter):
                 f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
                 f"{self.ctx.rank}; load each rank's own state"
             )
-        origin = state_dict.get(S.STRIPE_ORIGIN, 0)
+        consumed, origin = state_dict.get(S.SAMPLES_CONSUMED), state_dict.get(S.STRIPE_ORIGIN, 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (consumed, origin)):
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: '{S.SAMPLES_CONSUMED}'={consumed!r} and '{S.STRIPE_ORIGIN}'={origin!r} must "
+                "be integers, none negative; the state is damaged or was edited by hand, resume from another "
+                "checkpoint"
+            )
         try:
             steps = self._plan_from(origin).steps_for(state_dict[S.SAMPLES_CONSUMED])
         except ValueError as exc:
@@ -296,7 +304,7 @@ class ShardDataLoader(DataLoaderAdapter):
         self._consumed = self._plan.samples_consumed(num_batches)
 
 
-def _choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext) -> tuple[int, str]:
+def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext) -> tuple[int, str]:
     """The seed of the epoch orders: the user's choice, else one drawn and agreed across ranks."""
     if data_seed is not None:
         return int(data_seed), "data_seed"
