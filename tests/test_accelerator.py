@@ -238,3 +238,19 @@ def test_save_state_without_a_directory_and_without_automatic_naming_is_refused(
     accelerator = make_accelerator(None)
     with pytest.raises(ValueError, match="needs an output_dir"):
         accelerator.save_state()
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("even_batches", [False, True])
+def test_batches_are_accelerates_own_on_one_process(tmp_path, drop_last, even_batches):
+    def batches(stateful):
+        accelerator = Accelerator(
+            cpu=True,
+            dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful, even_batches=even_batches),
+        )
+        dl = accelerator.prepare(DataLoader(list(range(10)), batch_size=4, drop_last=drop_last))
+        out = [[b.tolist() for b in dl] for _ in range(2)]
+        AcceleratorState._reset_state(True)
+        return out
+
+    assert batches(True) == batches(False)
