@@ -1,0 +1,28 @@
+"""Shared test set-up: the ``multiprocess`` marker, and every test isolated from distributed state."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch.distributed as dist
+
+# Variables a launcher (torchrun, accelerate launch) sets; a test inheriting them would think it is one rank of many.
+DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "multiprocess: launches real processes with `accelerate launch` (deselect with -m 'not multiprocess')"
+    )
+
+
+@pytest.fixture(autouse=True)
+def isolated_from_distributed_state(monkeypatch: pytest.MonkeyPatch):
+    """Strip inherited launcher variables, and destroy a process group a test leaves behind."""
+    for name in list(os.environ):
+        if name in DISTRIBUTED_VARS or name.startswith("ACCELERATE_"):
+            monkeypatch.delenv(name)
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

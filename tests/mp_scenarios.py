@@ -1,0 +1,466 @@
+"""Real multi-process resume scenarios, many per launch; run under ``accelerate launch``.
+
+Usage (``test_multiprocess.py`` builds this command; with one process, ``--cpu`` replaces
+``--multi_gpu``, which needs two or more)::
+
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N --num_machines 1 \
+        --mixed_precision no --dynamo_backend no tests/mp_scenarios.py OUT_DIR SET_NAME [SCENARIO_ID]
+
+For each scenario of ``SCENARIO_SETS[SET_NAME]`` every rank runs:
+
+1. a *reference*: three epochs uninterrupted, with a real ``accumulate``
+   training step, recording per batch the epoch, this rank's sample ids,
+   ``sync_gradients``, ``end_of_dataloader``, ``batches_yielded`` and, on an
+   epoch's last batch, ``gather_for_metrics(ids)``; across ranks each epoch
+   must deliver every sample once, with the padding dropped by the gather;
+2. a *saver*: the same run, checkpointing at every save point into its own
+   folder; it must still equal the reference (saving disturbs nothing);
+3. one *resume* per checkpoint: everything rebuilt (``Accelerator``,
+   ``DataLoader``, model, optimizer, ``GradientState``, global RNG),
+   ``load_state``, run to the end: the batches before the save plus those
+   after the resume must equal the reference. A resumed run may checkpoint
+   again, which makes chains of 2 and 3 successive resumes.
+
+Each rank writes ``OUT_DIR/rank<R>.json`` (rewritten after every scenario):
+one entry per scenario with ``id``, ``passed`` and ``difference`` (the
+first difference in words, or the traceback). A failing scenario does not
+stop the launch: ranks keep running the same collectives and only record
+what differs. A collective desync does stop it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+import accelerate
+import torch
+import torch.distributed as dist
+from accelerate.state import GradientState, PartialState
+from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, gather_object
+from torch.distributed.algorithms.join import Join
+from torch.utils.data import DataLoader, Dataset
+
+import accelerate_stateful
+from accelerate_stateful import _files
+
+EPOCHS = 3
+# A desync fails in half a minute instead of hanging for gloo's default half hour.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
+FRESH_SEED = 7  # what `set_seed` at the top of a script does; resumed runs get other seeds
+
+# A save point, counted from the run's start: ("start",) before the first batch (or right after
+# loading), ("in", epoch, k) right after the k-th batch of that epoch inside the loop, ("after", epoch)
+# after that epoch's inner loop ended, ("done",) after the epoch loop ended.
+SavePoint = tuple
+
+
+def _scenario(sid: str, *, n: int, bs: int, shuffle: str = "off", drop_last: bool = False, even: bool = True,
+              split: bool = False, workers: int = 0, ga: int = 1, skip: int = 0, auto: bool = False) -> dict:
+    return dict(id=sid, n=n, bs=bs, shuffle=shuffle, drop_last=drop_last, even=even, split=split,
+                workers=workers, ga=ga, skip=skip, auto=auto)
+
+
+# One covering set per world size. Within a set, every pair of values of the two-valued factors
+# (num_workers 0/2, shuffle off/on, drop_last, even_batches, split_batches, gradient accumulation 1/2)
+# occurs in some row (``test_scenario_sets_cover_every_pair`` checks it); the full product would be 64
+# rows. Dataset lengths are never a multiple of the global batch. num_workers=2 is in two rows only:
+# each epoch of those forks two workers per rank. shuffle="drawn" shuffles without a generator: the
+# seed is drawn from the global RNG, which differs across ranks, so the ranks must agree on rank 0's.
+# Ranks with different batch counts (even_batches=False) train with gradient accumulation 1 only: with
+# more, the rank at its epoch's end syncs gradients while the other accumulates, and DDP deadlocks (so
+# it does with Accelerate's own loader).
+SCENARIO_SETS: dict[str, list[dict]] = {
+    "world1": [
+        _scenario("w1-seq-workers2-drop-split-ga2", n=23, bs=4, drop_last=True, split=True, workers=2, ga=2),
+        _scenario("w1-gen-workers2-uneven", n=22, bs=3, shuffle="generator", even=False, workers=2),
+        _scenario("w1-seq-auto", n=13, bs=3, auto=True),
+        _scenario("w1-drawn-uneven-split-ga2", n=21, bs=4, shuffle="drawn", even=False, split=True, ga=2),
+        _scenario("w1-gen-drop-split-skip", n=19, bs=2, shuffle="generator", drop_last=True, split=True,
+                  skip=2),
+        _scenario("w1-seq-drop-uneven-ga2", n=17, bs=5, drop_last=True, even=False, ga=2),
+    ],
+    "world2": [
+        _scenario("w2-seq-workers2-drop-split-ga2", n=27, bs=4, drop_last=True, split=True, workers=2, ga=2),
+        # rank 1 gets one batch fewer per epoch
+        _scenario("w2-gen-workers2-uneven", n=21, bs=2, shuffle="generator", even=False, workers=2),
+        _scenario("w2-seq-auto", n=19, bs=2, auto=True),
+        # equal batch counts, a shorter last batch on rank 1
+        _scenario("w2-drawn-uneven-split-ga2", n=23, bs=4, shuffle="drawn", even=False, split=True, ga=2),
+        _scenario("w2-gen-drop-split-skip", n=23, bs=2, shuffle="generator", drop_last=True, split=True,
+                  skip=2),
+        _scenario("w2-seq-drop-uneven-ga2", n=29, bs=3, drop_last=True, even=False, ga=2),
+    ],
+    "world3": [
+        _scenario("w3-seq-workers2-drop-split-ga2", n=31, bs=3, drop_last=True, split=True, workers=2, ga=2),
+        # ranks 1 and 2 get one batch fewer per epoch
+        _scenario("w3-gen-workers2-uneven", n=20, bs=2, shuffle="generator", even=False, workers=2),
+        _scenario("w3-seq-auto", n=23, bs=2, auto=True),
+        # equal batch counts, a shorter last batch on rank 2
+        _scenario("w3-drawn-uneven-split-ga2", n=29, bs=6, shuffle="drawn", even=False, split=True, ga=2),
+        _scenario("w3-gen-drop-split-skip", n=25, bs=3, shuffle="generator", drop_last=True, split=True,
+                  skip=2),
+        _scenario("w3-seq-drop-uneven-ga2", n=32, bs=3, drop_last=True, even=False, ga=2),
+    ],
+}
+
+
+class Ids(Dataset):
+    """Sample ``i`` is the id ``i``: what the loop sees is exactly which samples it got."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def make_dataloader(cfg: dict) -> DataLoader:
+    kwargs: dict[str, Any] = {}
+    if cfg["shuffle"] == "generator":
+        kwargs = {"shuffle": True, "generator": torch.Generator().manual_seed(1234)}
+    elif cfg["shuffle"] == "drawn":
+        kwargs = {"shuffle": True}
+    return DataLoader(Ids(cfg["n"]), batch_size=cfg["bs"], drop_last=cfg["drop_last"],
+                      num_workers=cfg["workers"], **kwargs)
+
+
+class Findings:
+    """The differences a scenario found; recorded, not raised, so every rank runs the same collectives."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.compared = 0  # runs compared with the uninterrupted one
+        self.batch_counts: list[int] = []  # per rank, per epoch
+
+    def add(self, difference: str) -> None:
+        self.items.append(difference)
+
+    def same_steps(self, reference: list[dict], seen: list[dict], what: str) -> None:
+        self.compared += 1
+        for i, (want, got) in enumerate(zip(reference, seen)):
+            if want != got:
+                return self.add(f"{what}: batch {i} differs: expected {want}, got {got}")
+        if len(seen) != len(reference):
+            unmatched = seen[len(reference)] if len(seen) > len(reference) else reference[len(seen)]
+            self.add(f"{what}: {len(seen)} batches, the uninterrupted run has {len(reference)} "
+                     f"(first unmatched: {unmatched})")
+
+
+# --------------------------------------------------------------------------- one process lifetime
+class Run:
+    """One simulated process: a fresh Accelerator, DataLoader, model and optimizer, prepared.
+
+    ``per_epoch`` is the smallest per-rank batch count of each epoch (the first one shortened by a skip):
+    every rank reaches that batch together, so it is where collectives and in-loop saves are safe.
+    """
+
+    restarts = 0
+
+    def __init__(self, cfg: dict, per_epoch: list[int], resume_from: Optional[Path] = None,
+                 project_dir: Optional[Path] = None, fresh: Optional[bool] = None) -> None:
+        Run.restarts += 1
+        fresh = resume_from is None if fresh is None else fresh
+        GradientState._reset_state()  # a new process starts with a fresh GradientState
+        rank = PartialState().process_index
+        # Same seed for every fresh start (as after `set_seed`), another one for every restart; ranks differ.
+        torch.manual_seed((FRESH_SEED if fresh else 1000 * Run.restarts) + rank)
+        project = None
+        if project_dir is not None:
+            project = ProjectConfiguration(project_dir=str(project_dir), automatic_checkpoint_naming=True,
+                                           total_limit=2)
+        self.cfg, self.per_epoch = cfg, per_epoch
+        self.acc = accelerate_stateful.Accelerator(
+            dataloader_config=DataLoaderConfiguration(
+                use_stateful_dataloader=True, split_batches=cfg["split"], even_batches=cfg["even"]
+            ),
+            gradient_accumulation_steps=cfg["ga"],
+            project_config=project,
+            cpu=True,
+        )
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        self.model, self.optimizer, self.dl = self.acc.prepare(model, optimizer, make_dataloader(cfg))
+        self.loader = self.dl
+        if resume_from is not None:
+            self.acc.load_state(resume_from)
+        elif fresh and cfg["skip"]:
+            self.loader = self.acc.skip_first_batches(self.dl, cfg["skip"])
+
+    def train_step(self, ids: torch.Tensor) -> None:
+        with self.acc.accumulate(self.model):
+            loss = self.model(ids.float().unsqueeze(1) / 100).pow(2).mean()
+            self.acc.backward(loss)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+    def drive(self, seen: list[dict], saves: dict, auto: bool = False,
+              stop_after_save: bool = False) -> tuple[list[dict], Optional[SavePoint]]:
+        """The training loop, to the end (or to the first save with ``stop_after_save``), saving at ``saves``.
+
+        ``seen`` are the batches earlier runs took. Returns this run's batches and where it stopped, if early.
+        """
+        acc, steps = self.acc, []
+
+        def save_at(point: SavePoint) -> bool:
+            if point in saves:
+                acc.save_state() if auto else acc.save_state(saves[point])
+                return stop_after_save
+            return False
+
+        if save_at(("start",)):
+            return steps, ("start",)
+        for epoch in range(self.dl.epoch, EPOCHS):
+            k = sum(1 for step in seen + steps if step["epoch"] == epoch)
+            with self.join():
+                for batch in self.loader:
+                    k += 1
+                    steps.append(self.record(epoch, k, batch.cpu()))
+                    if save_at(("in", epoch, k)):
+                        return steps, ("in", epoch, k)
+            self.loader = self.dl  # a skip applies to the epoch it was made in only
+            if save_at(("after", epoch)):
+                return steps, ("after", epoch)
+        if save_at(("done",)):
+            return steps, ("done",)
+        return steps, None
+
+    def join(self) -> contextlib.AbstractContextManager:
+        """DDP's Join, for ranks with different batch counts (even_batches=False).
+
+        ``accelerator.join_uneven_inputs`` does this on GPUs only; on CPU it warns and does nothing.
+        """
+        if self.cfg["even"] or self.acc.distributed_type == DistributedType.NO:
+            return contextlib.nullcontext()
+        return Join([self.model])
+
+    def record(self, epoch: int, k: int, ids: torch.Tensor) -> dict:
+        acc = self.acc
+        self.train_step(ids)
+        step = {
+            "epoch": epoch,
+            "ids": ids.tolist(),
+            "sync": bool(acc.sync_gradients),
+            "end": bool(acc.gradient_state.end_of_dataloader),
+            "yielded": self.dl.batches_yielded,
+        }
+        if self.cfg["equal_counts"] and k == self.per_epoch[epoch]:
+            if self.cfg["drop_last"] or self.cfg["even"]:  # equal batch sizes: the tensor path
+                step["gathered"] = acc.gather_for_metrics(ids).tolist()
+            else:  # the last batches may differ in size: the object path
+                step["gathered"] = list(acc.gather_for_metrics(ids.tolist()))
+        return step
+
+
+# --------------------------------------------------------------------------- save points
+def save_points(per_epoch: list[int]) -> list[SavePoint]:
+    """Before the first batch, after the first, mid-epoch, before and after the last (in and after the
+    loop), in later epochs, and after the epoch loop."""
+    first, later = per_epoch[0], per_epoch[1]
+    points = [("start",)] + [("in", 0, k) for k in sorted({1, first // 2, first - 1, first} - {0})]
+    points += [("after", 0), ("in", 1, 1), ("in", 1, max(later // 2, 1)), ("in", EPOCHS - 1, later),
+               ("after", EPOCHS - 1), ("done",)]
+    return list(dict.fromkeys(points))
+
+
+def chains(per_epoch: list[int]) -> list[list[SavePoint]]:
+    """Successive resumes: each checkpoint after the first is written by the run resumed from the previous."""
+    return [
+        # save mid-epoch; resume and save again at once (a restored, unstarted loader); resume, save in epoch 1
+        [("in", 0, max(per_epoch[0] // 2, 1)), ("start",), ("in", 1, 1)],
+        [("after", 0), ("in", 2, max(per_epoch[2] - 1, 1))],
+    ]
+
+
+def batches_before(chain: list[SavePoint], own: list[int]) -> int:
+    """How many batches of this rank's uninterrupted run precede the last point of ``chain``.
+
+    ``own`` is this rank's batch count per epoch (ranks differ without even_batches).
+    """
+    for point in reversed(chain):
+        if point[0] == "in":
+            return sum(own[: point[1]]) + point[2]
+        if point[0] == "after":
+            return sum(own[: point[1] + 1])
+        if point[0] == "done":
+            return sum(own)
+    return 0  # only ("start",) points: nothing taken yet
+
+
+# --------------------------------------------------------------------------- checks
+def check_reference(cfg: dict, reference: list[dict], found: Findings) -> None:
+    """The uninterrupted run itself is right.
+
+    Across ranks each epoch delivers every sample once (minus ``drop_last``), counting the last step as
+    ``gather_for_metrics`` returns it (padding dropped); on each rank ``end_of_dataloader`` is set on the
+    epoch's last batch only, ``sync_gradients`` every ``ga`` batches and there, and ``batches_yielded``
+    counts the epoch's batches (skipped ones included).
+    """
+    world = PartialState().num_processes
+    logs = gather_object([reference])
+    n, total = cfg["n"], cfg["bs"] if cfg["split"] else cfg["bs"] * world
+    expected = (n // total) * total if cfg["drop_last"] else n
+    for epoch in range(1 if cfg["skip"] else 0, EPOCHS):
+        per_rank = [[s for s in log if s["epoch"] == epoch] for log in logs]
+        delivered: list[int] = []
+        for k in range(max(len(steps) for steps in per_rank)):
+            head = next(steps[k] for steps in per_rank if k < len(steps))
+            if "gathered" in head:  # the same gathered list on every rank
+                delivered += head["gathered"]
+            else:
+                delivered += [i for steps in per_rank if k < len(steps) for i in steps[k]["ids"]]
+        if len(set(delivered)) != len(delivered) or len(delivered) != expected:
+            found.add(f"reference epoch {epoch}: the ranks together delivered {len(delivered)} samples "
+                      f"{delivered} (gather_for_metrics on the last batch), expected {expected} distinct ones")
+        elif cfg["shuffle"] == "off" and delivered != list(range(expected)):
+            found.add(f"reference epoch {epoch}: ranks together delivered {delivered}, expected 0..{expected - 1}")
+    for epoch in range(EPOCHS):
+        steps = [s for s in reference if s["epoch"] == epoch]
+        skipped = cfg["skip"] if epoch == 0 else 0
+        last = len(steps)
+        want = [(k == last, k % cfg["ga"] == 0 or k == last, skipped + k) for k in range(1, last + 1)]
+        got = [(s["end"], s["sync"], s["yielded"]) for s in steps]
+        if got != want:
+            found.add(f"reference epoch {epoch} on this rank: (end_of_dataloader, sync_gradients, batches_yielded) "
+                      f"per batch were {got}, expected {want}")
+
+
+def check_accelerate_parity(cfg: dict, reference: list[dict], found: Findings) -> None:
+    """Without shuffling, each rank gets exactly the batches of Accelerate's own loader."""
+    GradientState._reset_state()
+    acc = accelerate.Accelerator(
+        dataloader_config=DataLoaderConfiguration(split_batches=cfg["split"], even_batches=cfg["even"]), cpu=True
+    )
+    theirs = [(b.tolist(), bool(acc.gradient_state.end_of_dataloader)) for b in acc.prepare(make_dataloader(cfg))]
+    ours = [(s["ids"], s["end"]) for s in reference if s["epoch"] == 0]
+    if theirs != ours:
+        found.add(f"epoch 0 (ids, end_of_dataloader) differs from Accelerate's own loader: "
+                  f"Accelerate {theirs}, ours {ours}")
+
+
+def check_auto_restarts(cfg: dict, reference: list[dict], per_epoch: list[int], project: Path,
+                        found: Findings) -> None:
+    """Kill and relaunch the same command: ``resume()`` picks the newest complete checkpoint every time."""
+    points = chains(per_epoch)[0] + [("done",)]
+    seen: list[dict] = []
+    expected: Optional[Path] = None
+    for number, point in enumerate(points + [None]):
+        run = Run(cfg, per_epoch, project_dir=project, fresh=number == 0)
+        loaded = run.acc.resume()
+        if loaded != expected:
+            found.add(f"auto restart {number}: resume() returned {loaded}, expected {expected}")
+        steps, stopped = run.drive(seen, {point: None} if point else {}, auto=True, stop_after_save=True)
+        seen += steps
+        if stopped != point:
+            found.add(f"auto restart {number}: stopped at {stopped}, expected the save point {point}")
+        expected = project / "checkpoints" / f"checkpoint_{number}"
+    found.same_steps(reference, seen, f"restarts via resume() after saving at {points}")
+    kept = [p.name for p in _files.complete_checkpoints(project / "checkpoints")]
+    want = [f"checkpoint_{len(points) - 1}", f"checkpoint_{len(points) - 2}"]
+    if kept != want:
+        found.add(f"auto restarts: total_limit=2 kept {kept}, expected {want}")
+
+
+# --------------------------------------------------------------------------- one scenario
+def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
+    cfg = dict(cfg)
+    first = Run(cfg, per_epoch=[])  # set below, once every rank's batch count is known
+    lengths = gather_object([len(first.dl)])
+    cfg["equal_counts"] = len(set(lengths)) == 1
+    found.batch_counts = lengths
+    per_epoch = [min(lengths) - cfg["skip"]] + [min(lengths)] * (EPOCHS - 1)
+    if per_epoch[0] < 2:
+        raise ValueError(f"scenario too small: per-rank batch counts {lengths}; use a larger n")
+    if not cfg["equal_counts"] and cfg["ga"] > 1:
+        raise ValueError(f"per-rank batch counts {lengths} differ: DDP deadlocks with gradient accumulation")
+    first.per_epoch = per_epoch
+
+    reference, _ = first.drive([], {})
+    del first
+    own = [sum(1 for s in reference if s["epoch"] == epoch) for epoch in range(EPOCHS)]
+    check_reference(cfg, reference, found)
+    if cfg["shuffle"] == "off":
+        check_accelerate_parity(cfg, reference, found)
+
+    points = save_points(per_epoch)
+    folders = {point: root / f"save{i}" for i, point in enumerate(points)}
+    saver, _ = Run(cfg, per_epoch).drive([], folders)
+    found.same_steps(reference, saver, "run checkpointing at every save point")
+
+    all_chains = chains(per_epoch)
+    for point in points:
+        # A resume that starts a chain writes the chain's next checkpoint along the way.
+        nxt = {c[1]: root / f"chain{j}-1" for j, c in enumerate(all_chains) if c[0] == point}
+        before = reference[: batches_before([point], own)]
+        steps, _ = Run(cfg, per_epoch, resume_from=folders[point]).drive(before, nxt)
+        found.same_steps(reference, before + steps, f"resumed from {point}")
+    for j, chain in enumerate(all_chains):
+        for link in range(1, len(chain)):
+            nxt = {chain[link + 1]: root / f"chain{j}-{link + 1}"} if link + 1 < len(chain) else {}
+            before = reference[: batches_before(chain[: link + 1], own)]
+            steps, _ = Run(cfg, per_epoch, resume_from=root / f"chain{j}-{link}").drive(before, nxt)
+            found.same_steps(reference, before + steps, f"resume chain {chain[: link + 1]}")
+    if cfg["auto"]:
+        check_auto_restarts(cfg, reference, per_epoch, root / "auto", found)
+
+
+def is_desync(exc: BaseException) -> bool:
+    """Whether a collective failed: the ranks are out of step, and only ending the launch is safe."""
+    text = str(exc).lower()
+    signs = ("gloo", "timed out", "application timeout", "connection closed", "pair closure")
+    return isinstance(exc, dist.DistError) or any(sign in text for sign in signs)
+
+
+def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
+    state = PartialState(cpu=True, timeout=COLLECTIVE_TIMEOUT)
+    torch.set_num_threads(1)
+    scenarios = [cfg for cfg in SCENARIO_SETS[set_name] if only is None or cfg["id"] == only]
+    if state.is_main_process:
+        print(f"{set_name}: {len(scenarios)} scenarios on {state.num_processes} processes "
+              f"({state.distributed_type})", flush=True)
+    results = []
+    for cfg in scenarios:
+        started = time.perf_counter()
+        found = Findings()
+        try:
+            run_scenario(cfg, out_dir / "checkpoints" / cfg["id"], found)
+        except Exception as exc:  # one scenario's failure must not hide the others'
+            if is_desync(exc):
+                raise
+            found.add(f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            print(f"[rank {state.process_index}] {cfg['id']}: {found.items[-1]}", file=sys.stderr, flush=True)
+        # Every rank must have finished the same scenario; anything else is a desync.
+        finished = gather_object([(cfg["id"], not found.items)])
+        if {sid for sid, _ in finished} != {cfg["id"]}:
+            raise RuntimeError(f"collective desync: ranks finished scenarios {finished}")
+        if state.is_main_process and all(ok for _, ok in finished):
+            shutil.rmtree(out_dir / "checkpoints" / cfg["id"])  # keep the checkpoints of failures only
+        results.append({
+            "id": cfg["id"],
+            "passed": not found.items,
+            "difference": found.items[0] if found.items else None,
+            "differences": len(found.items),
+            "seconds": round(time.perf_counter() - started, 2),
+            "resumes_compared": found.compared,
+            "batches_per_rank": found.batch_counts,
+        })
+        path = out_dir / f"rank{state.process_index}.json"
+        path.write_text(json.dumps(results, indent=1))
+        if state.is_main_process:
+            print(f"  {cfg['id']}: {'ok' if not found.items else 'FAILED'}, {found.compared} runs compared, "
+                  f"batches per rank {found.batch_counts} ({results[-1]['seconds']} s)", flush=True)
+    state.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], *sys.argv[3:])  # a third argument runs one scenario (debugging)

@@ -1,0 +1,142 @@
+"""Exact resume with real processes on gloo: one ``accelerate launch`` per world size.
+
+Each launch runs every scenario of ``mp_scenarios.SCENARIO_SETS[f"world{N}"]`` (see that module for
+what a scenario checks) and every rank writes a JSON verdict per scenario. Across the three launches
+the scenarios cover world sizes 1, 2 and 3, num_workers 0 and 2, shuffle on and off, drop_last,
+even_batches, split_batches, gradient accumulation 1 and 2, with every pair of those settings in each
+launch instead of the full product.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mp_scenarios import SCENARIO_SETS
+
+SCRIPT = Path(__file__).with_name("mp_scenarios.py")
+REPO = SCRIPT.parent.parent
+LAUNCH_TIMEOUT_S = 240  # a launch takes 10-40 s; a desync fails it within a minute (gloo timeout)
+
+# The two-valued settings whose every pair of values each launch must cover.
+FACTORS = {
+    "num_workers": lambda s: s["workers"] > 0,
+    "shuffle": lambda s: s["shuffle"] != "off",
+    "drop_last": lambda s: s["drop_last"],
+    "even_batches": lambda s: s["even"],
+    "split_batches": lambda s: s["split"],
+    "gradient_accumulation": lambda s: s["ga"] > 1,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch_env(tmp_path: Path) -> dict[str, str]:
+    """This environment minus any launcher's variables, plus the ones a CPU (gloo) launch needs."""
+    inherited = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_", "ACCELERATE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
+    env.update(
+        ACCELERATE_USE_CPU="1",
+        OMP_NUM_THREADS="1",
+        HF_HOME=str(tmp_path / "hf_home"),  # no user-wide accelerate config file is read
+    )
+    return env
+
+
+def _launch_command(world: int, out_dir: Path, set_name: str) -> list[str]:
+    # `--cpu` alone starts one non-distributed process; `--multi_gpu` with ACCELERATE_USE_CPU=1 is MULTI_CPU.
+    topology = ["--cpu", "--num_processes", "1"] if world == 1 else [
+        "--multi_gpu", "--num_processes", str(world), "--main_process_port", str(_free_port())
+    ]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *topology,
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--num_cpu_threads_per_process", "1",
+        str(SCRIPT), str(out_dir), set_name,
+    ]
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run a launch in its own process group; on timeout, kill the launcher and every rank it started."""
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"the launch ran past {LAUNCH_TIMEOUT_S} s and was killed; output:\n{output[-6000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [pytest.param(w, id=f"world{w}") for w in (1, 2, 3)])
+def test_every_rank_resumes_exactly_in_real_processes(world, tmp_path):
+    set_name = f"world{world}"
+    expected_ids = [s["id"] for s in SCENARIO_SETS[set_name]]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    started = time.perf_counter()
+    returncode, output = _run(_launch_command(world, out_dir, set_name), _launch_env(tmp_path))
+    print(f"{set_name}: {len(expected_ids)} scenarios on {world} processes in {time.perf_counter() - started:.1f} s")
+    print(output[-3000:])
+
+    failures = []
+    for rank in range(world):
+        path = out_dir / f"rank{rank}.json"
+        if not path.is_file():
+            failures.append(f"rank {rank} wrote no results")
+            continue
+        results = json.loads(path.read_text())
+        ran = [r["id"] for r in results]
+        if ran != expected_ids:
+            failures.append(f"rank {rank} finished {ran}, expected {expected_ids}")
+        failures += [f"{r['id']} on rank {rank}: {r['difference']}" for r in results if not r["passed"]]
+    assert returncode == 0 and not failures, (
+        f"{set_name} (exit status {returncode}): {len(failures)} failure(s):\n"
+        + "\n\n".join(failures)
+        + f"\n\nlaunch output (end):\n{output[-4000:]}"
+    )
+
+
+@pytest.mark.parametrize("set_name", list(SCENARIO_SETS))
+def test_scenario_sets_cover_every_pair(set_name):
+    """Within each launch, every pair of values of every two settings occurs in some scenario."""
+    rows = [{name: bool(value(s)) for name, value in FACTORS.items()} for s in SCENARIO_SETS[set_name]]
+    missing = [
+        f"{a}={va} with {b}={vb}"
+        for a, b in itertools.combinations(FACTORS, 2)
+        for va, vb in itertools.product((False, True), repeat=2)
+        if not any(row[a] == va and row[b] == vb for row in rows)
+    ]
+    assert not missing, f"{set_name} never runs: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("set_name", list(SCENARIO_SETS))
+def test_scenario_datasets_leave_a_partial_last_batch(set_name):
+    world = int(set_name.removeprefix("world"))
+    for s in SCENARIO_SETS[set_name]:
+        global_batch = s["bs"] if s["split"] else s["bs"] * world
+        assert s["n"] % global_batch != 0, f"{s['id']}: {s['n']} samples fill every batch of {global_batch}"
+        assert not s["split"] or s["bs"] % world == 0, f"{s['id']}: split batch {s['bs']} on {world} ranks"
