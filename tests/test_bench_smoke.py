@@ -1,0 +1,55 @@
+"""The benchmark script still runs: its functions on tiny sizes (no figure is checked, only that there are some)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from accelerate.state import AcceleratorState, GradientState
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_loader.py"
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_loader", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_loader", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield module
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def _is_time(value: float) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value >= 0
+
+
+@pytest.mark.timeout(60)
+def test_benchmark_functions_run_on_tiny_sizes_and_return_numbers(bench, tmp_path):
+    per_batch = bench.bench_per_batch(num_samples=200, batch_size=8, num_workers=0, rounds=1)
+    resume = bench.bench_resume(num_samples=400, batch_size=8, rounds=1)
+
+    assert [r.name for r in per_batch] == list(bench.PER_BATCH_CONTENDERS)
+    assert all(_is_time(r.us_per_batch) and _is_time(r.first_batch_ms) and r.batches == 25 for r in per_batch)
+    assert [r.name for r in resume] == list(bench.RESUME_CONTENDERS)
+    assert all(_is_time(t) for r in resume for t in [*r.seconds.values(), *r.best.values()])
+    ours = next(r for r in resume if r.name == bench.RESUME_OURS)
+    assert ours.exact is True
+
+    report = bench.render(bench.environment(), bench.FULL_SIZES, {0: per_batch}, resume)
+    assert bench.RESUME_OURS in report and "| --- |" in report
+
+
+def test_main_writes_the_markdown_report(bench, tmp_path, monkeypatch):
+    tiny = {"batch_size": 8, "per_batch": {0: (64, 1)}, "resume": (160, 1)}
+    monkeypatch.setattr(bench, "QUICK_SIZES", tiny)
+    out = tmp_path / "bench.md"
+
+    assert bench.main(["--quick", "--markdown", str(out)]) == 0
+    assert "## B. Time to the first batch after resuming" in out.read_text(encoding="utf-8")
