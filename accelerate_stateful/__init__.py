@@ -15,6 +15,8 @@ from .errors import (
     StatefulLoaderError,
     UnsupportedConfigError,
 )
+from .dispatch import DispatchDataLoader
+from .iterable import IterableShardDataLoader
 from .shard import ShardDataLoader
 from .skip import SkipDataLoader
 
@@ -24,8 +26,10 @@ __all__ = [
     "Accelerator",
     "CheckpointError",
     "DataLoaderAdapter",
+    "DispatchDataLoader",
     "DistContext",
     "FORMAT_VERSION",
+    "IterableShardDataLoader",
     "LifecycleError",
     "LoaderState",
     "Mismatch",

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Generator, Iterator, Mapping, Optional
 
 import torch
 from accelerate.state import GradientState
+from accelerate.utils import send_to_device
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import DataLoader
 
@@ -88,6 +89,11 @@ class DataLoaderAdapter(Stateful):
         return self._seed
 
     @property
+    def seed_source(self) -> str:
+        """``"data_seed"`` or ``"generator"`` (chosen by the user) or ``"drawn"`` (at random, agreed across ranks)."""
+        return self._seed_source
+
+    @property
     def batches_yielded(self) -> int:
         """Batches of the current epoch already handed to the training loop (progress bars)."""
         return self._batches_taken()
@@ -127,6 +133,9 @@ class DataLoaderAdapter(Stateful):
         if epoch == self._epoch:
             return
         self._refuse_if_live("set_epoch()")
+        self._start_epoch(epoch)
+
+    def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self._rewind()
         self._phase = Phase.NOT_STARTED
@@ -134,10 +143,8 @@ class DataLoaderAdapter(Stateful):
     def seek(self, num_batches: int) -> None:
         """Position the loader ``num_batches`` into its current epoch, reading nothing."""
         self._refuse_if_live("seek()")
-        if not 0 <= num_batches <= len(self):
-            raise ValueError(
-                f"cannot skip {num_batches} batches: epoch {self._epoch} has {len(self)} batches on this rank"
-            )
+        if num_batches < 0:
+            raise ValueError(f"cannot skip {num_batches} batches: the count must be >= 0")
         self._seek(num_batches)
         self._phase = Phase.RESTORED
 
@@ -203,6 +210,12 @@ class DataLoaderAdapter(Stateful):
                 "or call it before iter()"
             )
 
+    def _place(self, batch: Any) -> Any:
+        """The batch on this loader's device (Accelerate's device placement)."""
+        if self.device is None:
+            return batch
+        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+
     def _begin(self) -> None:
         self.end_of_dataloader = False
         self.remainder = self._remainder()
@@ -228,6 +241,18 @@ class DataLoaderAdapter(Stateful):
 
     def _batches(self) -> Iterator[Any]:
         """Yield the epoch's batches from the current position, advancing it before each yield."""
+        raise NotImplementedError
+
+    def _open_pass(self) -> Iterator[tuple[Any, Any]]:
+        """``(token, batch)`` pairs of a pass from the current position; the position does not move.
+
+        A reader inside another loader (the dispatcher) reads ahead with this and
+        commits a token only when the batch it belongs to reaches the training loop.
+        """
+        raise NotImplementedError
+
+    def _commit(self, token: Any) -> None:
+        """Move the position past the batch ``token`` came with."""
         raise NotImplementedError
 
     def _batches_taken(self) -> int:
@@ -256,4 +281,11 @@ class DataLoaderAdapter(Stateful):
         raise NotImplementedError
 
     def _seek(self, num_batches: int) -> None:
+        """Move to batch ``num_batches`` of the epoch (0 <= it), refusing a count past its end."""
         raise NotImplementedError
+
+    def _refuse_past_end(self, num_batches: int) -> None:
+        if num_batches > len(self):
+            raise ValueError(
+                f"cannot skip {num_batches} batches: epoch {self._epoch} has {len(self)} batches on this rank"
+            )

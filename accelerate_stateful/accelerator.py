@@ -15,6 +15,8 @@ from . import _files
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
+from .dispatch import DispatchDataLoader
+from .iterable import IterableShardDataLoader
 from .shard import ShardDataLoader
 from .skip import SkipDataLoader
 
@@ -58,21 +60,19 @@ class Accelerator(accelerate.Accelerator):
         dispatch = self.dispatch_batches
         if dispatch is None:
             dispatch = device_placement and isinstance(data_loader.dataset, IterableDataset)
+        common = {
+            "device": self.device if device_placement else None,
+            "non_blocking": self.non_blocking,
+            "split_batches": self.split_batches,
+            "data_seed": self.dataloader_config.data_seed,
+        }
+        ctx = DistContext.detect()
         if dispatch:
-            raise UnsupportedConfigError(
-                "dispatch_batches=True (Accelerate's default for an IterableDataset) is not supported by the "
-                "stateful loader yet; use a map-style dataset with dispatch_batches=False, or set "
-                "use_stateful_dataloader=False"
-            )
-        loader = ShardDataLoader.from_dataloader(
-            data_loader,
-            DistContext.detect(),
-            device=self.device if device_placement else None,
-            non_blocking=self.non_blocking,
-            split_batches=self.split_batches,
-            even_batches=self.even_batches,
-            data_seed=self.dataloader_config.data_seed,
-        )
+            loader = DispatchDataLoader.from_dataloader(data_loader, ctx, slice_fn=slice_fn_for_dispatch, **common)
+        elif isinstance(data_loader.dataset, IterableDataset):
+            loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
+        else:
+            loader = ShardDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         self._dataloaders.append(loader)
         return loader
 

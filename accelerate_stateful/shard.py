@@ -6,7 +6,6 @@ import logging
 from typing import Any, Iterator, Mapping, Optional, Sized
 
 import torch
-from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from . import _state as S
@@ -214,18 +213,23 @@ class ShardDataLoader(DataLoaderAdapter):
         return self._cached_order[1]
 
     def _batches(self) -> Iterator[Any]:
+        total = self._plan.num_batches
+        for step, batch in self._open_pass():
+            self._commit(step)
+            self.end_of_dataloader = step == total
+            yield self._place(batch)
+
+    def _open_pass(self) -> Iterator[tuple[int, Any]]:
         plan = self._plan
-        total, step = plan.num_batches, plan.steps_for(self._consumed)
+        step = plan.steps_for(self._consumed)
         self._sampler.set_pass(self._epoch_indices(), plan, step)
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        device, non_blocking = self.device, self.non_blocking
         for batch in self._base:
             step += 1
-            self._consumed = plan.samples_consumed(step)
-            self.end_of_dataloader = step == total
-            if device is not None:
-                batch = send_to_device(batch, device, non_blocking=non_blocking)
-            yield batch
+            yield step, batch
+
+    def _commit(self, token: int) -> None:
+        self._consumed = self._plan.samples_consumed(token)
 
     def _batches_taken(self) -> int:
         return self._plan.steps_for(self._consumed)
@@ -301,6 +305,7 @@ class ShardDataLoader(DataLoaderAdapter):
         self._consumed = 0
 
     def _seek(self, num_batches: int) -> None:
+        self._refuse_past_end(num_batches)
         self._consumed = self._plan.samples_consumed(num_batches)
 
 

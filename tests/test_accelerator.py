@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader
 
 from accelerate_stateful import (
     Accelerator,
+    DispatchDataLoader,
+    IterableShardDataLoader,
     CheckpointError,
     ShardDataLoader,
     SkipDataLoader,
@@ -226,12 +228,25 @@ def test_resume_without_the_stateful_option_is_refused(tmp_path):
         accelerator.resume()
 
 
-def test_dispatch_batches_is_refused_until_supported(tmp_path):
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+@pytest.mark.parametrize(
+    "dispatch,dataset,expected",
+    [
+        pytest.param(True, list(range(8)), DispatchDataLoader, id="dispatch-map"),
+        pytest.param(None, _Stream(), DispatchDataLoader, id="iterable-default-dispatches"),
+        pytest.param(False, _Stream(), IterableShardDataLoader, id="iterable-shard"),
+        pytest.param(None, list(range(8)), ShardDataLoader, id="map-default-shards"),
+    ],
+)
+def test_prepare_chooses_the_variant_as_accelerate_does(dispatch, dataset, expected):
     accelerator = Accelerator(
-        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=True)
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=dispatch)
     )
-    with pytest.raises(UnsupportedConfigError, match="dispatch_batches=True"):
-        accelerator.prepare(DataLoader(list(range(8)), batch_size=2))
+    assert type(accelerator.prepare(DataLoader(dataset, batch_size=2))) is expected
 
 
 def test_save_state_without_a_directory_and_without_automatic_naming_is_refused():

@@ -1,0 +1,247 @@
+"""The dispatcher: the main process reads global batches and hands each rank its slice."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import torch
+from accelerate.utils import concatenate, find_batch_size, slice_tensors
+from torch.utils.data import DataLoader, IterableDataset
+
+from . import _state as S
+from ._adapter import DataLoaderAdapter
+from ._context import DistContext
+from .errors import UnsupportedConfigError
+
+FIRST = "first_samples"
+
+
+class DispatchDataLoader(DataLoaderAdapter):
+    """Reads on the main process only and sends each rank its part, exactly as Accelerate's dispatcher.
+
+    Without ``split_batches`` a step concatenates ``world_size`` batches of the
+    user's loader and rank ``r`` takes the ``r``-th part; with it, one batch is
+    cut in ``world_size`` parts. A last step that does not divide evenly is
+    completed with the epoch's first samples unless ``drop_last``. The position
+    lives in one place: the *reader* (this package's loader for one process,
+    over the user's dataset) on the main process, whose state is nested under
+    ``base``. Its reads ahead are committed only when the step they belong to
+    reaches the training loop, so a checkpoint records what the loop took.
+
+    Without a process group (one process, or ranks simulated in a test) every
+    rank runs the reader itself and takes its own slice, which yields the same
+    batches.
+
+    Example:
+        >>> accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(
+        ...     use_stateful_dataloader=True, dispatch_batches=True))      # doctest: +SKIP
+        >>> dl = accelerator.prepare(DataLoader(stream, batch_size=8))     # doctest: +SKIP
+    """
+
+    mode = "dispatch"
+
+    def __init__(
+        self,
+        reader: DataLoaderAdapter,
+        ctx: DistContext,
+        *,
+        split_batches: bool = False,
+        drop_last: bool = False,
+        slice_fn: Optional[Callable] = None,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+    ) -> None:
+        if split_batches and reader.batch_size % ctx.world_size != 0:
+            raise UnsupportedConfigError(
+                f"split_batches=True needs a batch_size divisible by the number of processes: "
+                f"batch_size={reader.batch_size}, processes={ctx.world_size}; change one of them"
+            )
+        super().__init__(
+            reader.unwrap(), ctx, seed=reader.seed, seed_source=reader.seed_source, device=device,
+            non_blocking=non_blocking,
+        )
+        self._reader = reader
+        self._split_batches = split_batches
+        self._drop_last = drop_last
+        self._slice_fn = slice_fn or slice_tensors
+        self._steps = 0
+        self._first: Any = None
+
+    @classmethod
+    def from_dataloader(
+        cls,
+        dataloader: DataLoader,
+        ctx: Optional[DistContext] = None,
+        *,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        split_batches: bool = False,
+        data_seed: Optional[int] = None,
+        slice_fn: Optional[Callable] = None,
+    ) -> "DispatchDataLoader":
+        """Build the dispatcher that replaces a user's ``DataLoader`` in ``prepare``."""
+        from .iterable import IterableShardDataLoader
+        from .shard import ShardDataLoader
+
+        ctx = ctx if ctx is not None else DistContext.detect()
+        alone = DistContext(0, 1)
+        if isinstance(dataloader.dataset, IterableDataset):
+            reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        else:
+            reader = ShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        if ctx.world_size > 1 and reader.seed_source == "drawn":
+            reader._seed = ctx.broadcast(reader.seed)
+        return cls(
+            reader, ctx, split_batches=split_batches, drop_last=dataloader.drop_last, slice_fn=slice_fn,
+            device=device, non_blocking=non_blocking,
+        )
+
+    # ----------------------------------------------------------------- forwarded by name
+    @property
+    def dataset(self) -> Any:
+        return self._reader.dataset
+
+    @property
+    def batch_size(self) -> int:
+        return self._reader.batch_size // self.ctx.world_size if self._split_batches else self._reader.batch_size
+
+    @property
+    def total_batch_size(self) -> int:
+        return self._reader.batch_size if self._split_batches else self._reader.batch_size * self.ctx.world_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._drop_last
+
+    @property
+    def reader(self) -> DataLoaderAdapter:
+        """The loader that reads the data on the main process."""
+        return self._reader
+
+    def __len__(self) -> int:
+        whole = len(self._reader)
+        if self._split_batches:
+            return whole
+        return whole // self.ctx.world_size if self._drop_last else -(-whole // self.ctx.world_size)
+
+    # ----------------------------------------------------------------- position hooks
+    @property
+    def _reads(self) -> bool:
+        return self.ctx.is_main or not self.ctx.is_collective
+
+    def _batches(self) -> Iterator[Any]:
+        group = 1 if self._split_batches else self.ctx.world_size
+        source = self._reader._open_pass() if self._reads else None
+        current = self._step_from(source, group)
+        while current is not None:
+            upcoming = self._step_from(source, group)
+            tokens, batch = current
+            last = upcoming is None
+            part = self._part(batch, last)
+            for token in tokens:
+                self._reader._commit(token)
+            self._steps += 1
+            self.end_of_dataloader = last
+            yield part
+            current = upcoming
+
+    def _step_from(self, source: Optional[Iterator], group: int) -> Optional[tuple[list, Any]]:
+        """The next global batch (and the reader tokens it consumes), agreed on by every rank."""
+        found = None
+        if source is not None:
+            taken = [pair for _, pair in zip(range(group), source)]
+            complete = len(taken) == group or (taken and not self._drop_last)
+            if complete:
+                tokens = [token for token, _ in taken]
+                found = (tokens, concatenate([batch for _, batch in taken], dim=0))
+        if not self.ctx.is_collective:
+            return found
+        return _broadcast_step(found, self.ctx, self.device)
+
+    def _part(self, batch: Any, last: bool) -> Any:
+        """This rank's slice of a global batch, completed with the epoch's first samples at the end."""
+        world, rank = self.ctx.world_size, self.ctx.rank
+        observed = find_batch_size(batch)
+        per_rank = observed // world
+        if not self._drop_last and self._first is None:
+            self._first = self._slice_fn(batch, slice(0, world), process_index=rank, num_processes=world)
+        if last:
+            self.remainder = observed
+            if not self._drop_last and observed % world != 0:
+                batch = concatenate([batch, self._first], dim=0)
+                per_rank += 1
+        part = self._slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank), process_index=rank,
+                              num_processes=world)
+        return self._place(part)
+
+    def _batches_taken(self) -> int:
+        return self._steps
+
+    def _position_state(self) -> dict:
+        return {S.BATCHES_YIELDED: self._steps, FIRST: self._first}
+
+    def _base_state(self) -> Any:
+        return self._reader.state_dict() if self._reads else None
+
+    def _config(self) -> dict:
+        reader = self._reader._config()
+        return {**reader, "split_batches": self._split_batches, "drop_last": self._drop_last}
+
+    def _remainder(self) -> int:
+        try:
+            return len(self.dataset) % self.total_batch_size
+        except TypeError:
+            return -1
+
+    def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
+        where = f" in {source}" if source else ""
+        saved = state_dict[S.TOPOLOGY]
+        if saved.get("world_size") != self.ctx.world_size or saved.get("rank") != self.ctx.rank:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the state was written by rank {saved.get('rank')} of "
+                f"{saved.get('world_size')} processes, this is rank {self.ctx.rank} of {self.ctx.world_size}; "
+                f"relaunch with --num_processes {saved.get('world_size')} or start a fresh run"
+            )
+        base = state_dict.get(S.BASE)
+        if self._reads:
+            if not isinstance(base, Mapping):
+                raise UnsupportedConfigError(
+                    f"cannot resume{where}: the main process's state has no reader state under '{S.BASE}'; "
+                    "the file is damaged or belongs to another rank, resume from another checkpoint"
+                )
+            self._reader.validate_state(base, source)
+
+    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        if self._reads:
+            self._reader.load_state_dict(state_dict[S.BASE])
+        self._steps = state_dict[S.BATCHES_YIELDED]
+        self._first = state_dict.get(FIRST)
+
+    def _rewind(self) -> None:
+        self._steps = 0
+        self._first = None
+        self._reader._start_epoch(self._epoch)
+
+    def _seek(self, num_batches: int) -> None:
+        self._refuse_past_end(num_batches)
+        group = 1 if self._split_batches else self.ctx.world_size
+        if self._reads:
+            self._reader.seek(min(num_batches * group, len(self._reader)))
+        self._steps = num_batches
+
+
+def _broadcast_step(found: Optional[tuple[list, Any]], ctx: DistContext, device: Optional[torch.device]) -> Any:
+    """Send the main process's global batch (or the end of the epoch) to every rank."""
+    from accelerate.utils import broadcast, get_data_structure, initialize_tensors, send_to_device
+
+    info = [None if found is None else get_data_structure(found[1])]
+    info = ctx.broadcast(info[0])
+    if info is None:
+        return None
+    if ctx.is_main:
+        tokens, batch = found
+    else:
+        tokens, batch = [], initialize_tensors(info)
+    if device is not None:
+        batch = send_to_device(batch, device)
+    return tokens, broadcast(batch, from_process=0)

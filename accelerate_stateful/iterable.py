@@ -1,0 +1,338 @@
+"""The iterable shard loader: each rank reads the stream of an ``IterableDataset`` itself."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator, Mapping, Optional
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, default_collate
+
+from . import _state as S
+from ._adapter import DataLoaderAdapter
+from ._context import DistContext
+from ._order import mix_seed
+from ._stream import Slicer, StreamDataset, WorkerStart, passthrough
+from .errors import UnsupportedConfigError
+
+logger = logging.getLogger(__name__)
+
+STREAM = "stream"
+_WORKER_SALT = 0x5EED
+_BASE_SETTINGS = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", "persistent_workers",
+                  "pin_memory_device")
+
+
+class StreamPosition:
+    """What the training loop took from each logical worker in this epoch, and where each resumes."""
+
+    def __init__(self, num_logical: int) -> None:
+        self.num_logical = num_logical
+        self.reset()
+
+    def reset(self) -> None:
+        self.taken = [0] * self.num_logical
+        self.snapshots: list[Optional[dict]] = [None] * self.num_logical  # where each logical worker starts
+        self.rotation = 0
+        self.last: Optional[int] = None
+
+    @property
+    def batches(self) -> int:
+        return sum(self.taken)
+
+    def next_rotation(self) -> int:
+        return self.rotation if self.last is None else (self.last + 1) % self.num_logical
+
+
+class IterableShardDataLoader(DataLoaderAdapter):
+    """Each rank iterates an ``IterableDataset`` and keeps its share, exactly as Accelerate does.
+
+    Without ``split_batches`` each rank takes its slice of every global batch of
+    ``batch_size * world_size`` items (Accelerate's ``IterableDatasetShard``);
+    the last one is completed from the epoch's first global batch unless
+    ``drop_last``. A dataset that implements ``state_dict()``/``load_state_dict()``
+    resumes exactly without reading anything it does not deliver; one that does
+    not is fast-forwarded, with a warning and a count of replayed samples.
+
+    Example:
+        >>> loader = IterableShardDataLoader.from_dataloader(DataLoader(stream, batch_size=8),
+        ...                                                  DistContext(0, 2))   # doctest: +SKIP
+    """
+
+    mode = "iterable-shard"
+
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        *,
+        batch_size: int,
+        ctx: DistContext,
+        seed: int,
+        seed_source: str,
+        drop_last: bool = False,
+        split_batches: bool = False,
+        slice_per_rank: bool = True,
+        num_workers: int = 0,
+        collate_fn: Any = None,
+        multiprocessing_context: Any = None,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        **loader_settings: Any,
+    ) -> None:
+        if split_batches and batch_size % ctx.world_size != 0:
+            raise UnsupportedConfigError(
+                f"split_batches=True needs a batch_size divisible by the number of processes: "
+                f"batch_size={batch_size}, processes={ctx.world_size}; change one of them"
+            )
+        if loader_settings.get("in_order") is False and num_workers > 0:
+            raise UnsupportedConfigError(
+                "in_order=False lets workers deliver batches in any order, which cannot be resumed exactly; "
+                "pass in_order=True (the default)"
+            )
+        loader_settings.pop("in_order", None)
+        self._per_rank = batch_size // ctx.world_size if split_batches else batch_size
+        slicer = Slicer(ctx.world_size, ctx.rank, self._per_rank, drop_last) if slice_per_rank else None
+        self._stream = StreamDataset(
+            dataset,
+            batch_size=self._per_rank,
+            drop_last=drop_last,
+            collate_fn=collate_fn or default_collate,
+            num_workers=num_workers,
+            ring_size=(loader_settings.get("prefetch_factor") or 2) * max(num_workers, 1) + 4,
+            slicer=slicer,
+            mp_context=multiprocessing_context,
+        )
+        self._worker_generator = torch.Generator()
+        base = DataLoader(
+            self._stream,
+            batch_size=None,
+            collate_fn=passthrough,
+            num_workers=num_workers,
+            multiprocessing_context=multiprocessing_context,
+            generator=self._worker_generator,
+            **loader_settings,
+        )
+        super().__init__(base, ctx, seed=seed, seed_source=seed_source, device=device, non_blocking=non_blocking)
+        self._loader_batch_size = batch_size
+        self._drop_last = drop_last
+        self._split_batches = split_batches
+        self._sliced = slicer is not None
+        self._position = StreamPosition(max(num_workers, 1))
+        self._generation = 0
+        self._pass: Optional[tuple[int, int, list[WorkerStart]]] = None
+        self.replayed_samples = 0
+
+    @classmethod
+    def from_dataloader(
+        cls,
+        dataloader: DataLoader,
+        ctx: Optional[DistContext] = None,
+        *,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        split_batches: bool = False,
+        data_seed: Optional[int] = None,
+    ) -> "IterableShardDataLoader":
+        """Build the loader that replaces a user's ``DataLoader`` over an ``IterableDataset``."""
+        from .shard import choose_seed
+
+        ctx = ctx if ctx is not None else DistContext.detect()
+        if dataloader.batch_size is None:
+            raise UnsupportedConfigError(
+                "the DataLoader has batch_size=None; the stateful loader needs batch_size=... to batch the stream"
+            )
+        dataset, sliced = shard_hf_iterable(dataloader.dataset, ctx, split_batches)
+        seed, seed_source = choose_seed(dataloader, data_seed, ctx)
+        settings = {name: getattr(dataloader, name) for name in _BASE_SETTINGS if hasattr(dataloader, name)}
+        return cls(
+            dataset,
+            batch_size=dataloader.batch_size,
+            ctx=ctx,
+            seed=seed,
+            seed_source=seed_source,
+            drop_last=dataloader.drop_last,
+            split_batches=split_batches,
+            slice_per_rank=sliced,
+            num_workers=dataloader.num_workers,
+            collate_fn=dataloader.collate_fn,
+            multiprocessing_context=dataloader.multiprocessing_context,
+            in_order=getattr(dataloader, "in_order", True),
+            device=device,
+            non_blocking=non_blocking,
+            **settings,
+        )
+
+    # ----------------------------------------------------------------- forwarded by name
+    @property
+    def dataset(self) -> Any:
+        return self._stream.dataset
+
+    @property
+    def collate_fn(self) -> Any:
+        return self._stream.collate_fn
+
+    @property
+    def batch_size(self) -> int:
+        return self._per_rank
+
+    @property
+    def total_batch_size(self) -> int:
+        return self._per_rank * self.ctx.world_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._drop_last
+
+    def __len__(self) -> int:
+        length = len(self.dataset)  # TypeError for a stream without a length, as with a DataLoader
+        step = self.total_batch_size if self._sliced else self._per_rank
+        return length // step if self._drop_last else -(-length // step)
+
+    # ----------------------------------------------------------------- position hooks
+    def _batches(self) -> Iterator[Any]:
+        source = self._open_pass()
+        pending = next(source, None)
+        while pending is not None:
+            upcoming = next(source, None)  # read ahead: the end of a stream is only known by reading
+            token, batch = pending
+            self._commit(token)
+            self.end_of_dataloader = upcoming is None
+            yield self._place(batch)
+            pending = upcoming
+
+    def _open_pass(self) -> Iterator[tuple[tuple[int, int], Any]]:
+        pos = self._position
+        self._generation += 1
+        rotation = pos.next_rotation()
+        starts = [
+            WorkerStart(self._generation, w, self._epoch, pos.taken[w], pos.snapshots[w])
+            for w in range(pos.num_logical)
+        ]
+        self._pass = (self._generation, rotation, starts)
+        self._stream.start_pass(starts, rotation)
+        self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
+        for logical, number, batch in self._base:
+            yield (logical, number), batch
+
+    def _commit(self, token: tuple[int, int]) -> None:
+        logical, number = token
+        self._position.taken[logical], self._position.last = number, logical
+
+    def _batches_taken(self) -> int:
+        return self._position.batches
+
+    def _snapshots(self) -> list[Optional[dict]]:
+        """Where each logical worker resumes: its start, or what it recorded after its last batch taken."""
+        pos = self._position
+        if self._pass is None:
+            return list(pos.snapshots)
+        generation, rotation, starts = self._pass
+        found = []
+        for w, start in enumerate(starts):
+            if pos.taken[w] == start.batches:
+                found.append(start.state)
+            else:
+                physical = (w - rotation) % pos.num_logical
+                found.append(self._stream.snapshot_of(generation, w, physical, pos.taken[w]))
+        return found
+
+    def _position_state(self) -> dict:
+        pos = self._position
+        return {
+            S.BATCHES_YIELDED: pos.batches,
+            STREAM: {
+                "workers": pos.num_logical,
+                "rotation": pos.next_rotation(),
+                "taken": list(pos.taken),
+                "snapshots": self._snapshots(),
+                "stateful": self._stream.stateful,
+            },
+        }
+
+    def _config(self) -> dict:
+        return {
+            "batch_size": self._loader_batch_size,
+            "dataset": type(self.dataset).__qualname__,
+            "drop_last": self._drop_last,
+            "split_batches": self._split_batches,
+            "sliced_per_rank": self._sliced,
+        }
+
+    def _remainder(self) -> int:
+        try:
+            return len(self.dataset) % self.total_batch_size
+        except TypeError:
+            return -1
+
+    def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
+        where = f" in {source}" if source else ""
+        saved = state_dict[S.TOPOLOGY]
+        stream = state_dict.get(STREAM)
+        if not isinstance(stream, dict) or not isinstance(stream.get("snapshots"), list):
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the state has no valid '{STREAM}' entry; the file is damaged or was "
+                "edited by hand, resume from another checkpoint"
+            )
+        if saved.get("world_size") != self.ctx.world_size or saved.get("rank") != self.ctx.rank:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the state was written by rank {saved.get('rank')} of "
+                f"{saved.get('world_size')} processes, this is rank {self.ctx.rank} of {self.ctx.world_size}; "
+                "an iterable dataset resumes only on the same number of processes"
+            )
+        if stream.get("workers") != self._position.num_logical:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the stream was read by {saved.get('num_workers')} workers per process and "
+                f"this loader has {self.num_workers}; each worker's position belongs to its share of the "
+                f"stream, so pass num_workers={saved.get('num_workers')}"
+            )
+        taken, snapshots = stream.get("taken"), stream["snapshots"]
+        if not (isinstance(taken, list) and len(taken) == len(snapshots) == stream["workers"]):
+            raise UnsupportedConfigError(f"cannot resume{where}: inconsistent stream position {stream!r}")
+        if sum(taken) != state_dict[S.BATCHES_YIELDED]:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: inconsistent position: the workers' batches add up to {sum(taken)}, "
+                f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
+            )
+
+    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        stream = state_dict[STREAM]
+        pos = self._position
+        pos.taken = list(stream["taken"])
+        pos.snapshots = list(stream["snapshots"])
+        pos.rotation = stream["rotation"]
+        pos.last = None
+        self._pass = None
+        if not stream["stateful"]:
+            self.replayed_samples = sum(s["items"] for s in pos.snapshots if s is not None)
+            if self.replayed_samples:
+                logger.warning(
+                    "%s has no state_dict()/load_state_dict(), so resuming reads and drops the %d samples "
+                    "this rank already consumed; implement them to resume without replay",
+                    type(self.dataset).__name__, self.replayed_samples,
+                )
+
+    def _rewind(self) -> None:
+        self._position.reset()
+        self._pass = None
+
+    def _seek(self, num_batches: int) -> None:
+        raise UnsupportedConfigError(
+            "skip_first_batches cannot move an iterable dataset without reading it; resume with "
+            "accelerator.load_state()/resume(), which restores the stream's position instead"
+        )
+
+
+def shard_hf_iterable(dataset: Any, ctx: DistContext, split_batches: bool) -> tuple[Any, bool]:
+    """Accelerate's choice: a ``datasets.IterableDataset`` with enough shards is split by shard, not sliced."""
+    try:
+        from datasets import IterableDataset as HFIterable
+    except ImportError:
+        return dataset, ctx.world_size > 1
+    if (
+        ctx.world_size > 1
+        and isinstance(dataset, HFIterable)
+        and not split_batches
+        and dataset.n_shards >= ctx.world_size
+    ):
+        return dataset.shard(num_shards=ctx.world_size, index=ctx.rank), False
+    return dataset, ctx.world_size > 1

@@ -1,0 +1,62 @@
+"""Iterable datasets used by the stream tests: stateful, opaque, and recording what they read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+
+def _share(n: int, epoch: int) -> list[int]:
+    """This worker's ids: ``i % workers == worker``, rotated by the epoch so epochs differ."""
+    info = get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info else (0, 1)
+    mine = [i for i in range(n) if i % workers == worker]
+    shift = epoch % len(mine) if mine else 0
+    return mine[shift:] + mine[:shift]
+
+
+class CountingStream(IterableDataset):
+    """A stateful stream of ids that resumes from a position, and can log every id it reads to a folder."""
+
+    def __init__(self, n: int, log_dir: Optional[Path] = None) -> None:
+        self.n, self.log_dir = n, log_dir
+        self.pos, self.epoch = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        mine = _share(self.n, self.epoch)
+        while self.pos < len(mine):
+            item = mine[self.pos]
+            self.pos += 1
+            if self.log_dir is not None:
+                info = get_worker_info()
+                with open(self.log_dir / f"read_{info.id if info else 'main'}", "a") as log:
+                    log.write(f"{item}\n")
+            yield item
+
+
+class OpaqueStream(IterableDataset):
+    """A stream that cannot report its position (no state_dict)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(_share(self.n, self.epoch))
+
+
+def read_log(log_dir: Path) -> list[int]:
+    return sorted(int(line) for path in log_dir.glob("read_*") for line in path.read_text().split())
