@@ -17,6 +17,7 @@ from .errors import (
 )
 from .dispatch import DispatchDataLoader
 from .iterable import IterableShardDataLoader
+from .roundrobin import RoundRobinDataset, RoundRobinLoader
 from .shard import ShardDataLoader
 from .skip import SkipDataLoader
 
@@ -34,6 +35,8 @@ __all__ = [
     "LoaderState",
     "Mismatch",
     "Phase",
+    "RoundRobinDataset",
+    "RoundRobinLoader",
     "ShardDataLoader",
     "ShardPlan",
     "SkipDataLoader",

@@ -17,6 +17,7 @@ from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
 from .dispatch import DispatchDataLoader
 from .iterable import IterableShardDataLoader
+from .roundrobin import RoundRobinDataset, RoundRobinLoader
 from .shard import ShardDataLoader
 from .skip import SkipDataLoader
 
@@ -69,6 +70,8 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         if dispatch:
             loader = DispatchDataLoader.from_dataloader(data_loader, ctx, slice_fn=slice_fn_for_dispatch, **common)
+        elif isinstance(data_loader.dataset, RoundRobinDataset):
+            loader = RoundRobinLoader.from_dataloader(data_loader, ctx, **common)
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
         else:

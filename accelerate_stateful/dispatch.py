@@ -81,11 +81,14 @@ class DispatchDataLoader(DataLoaderAdapter):
     ) -> "DispatchDataLoader":
         """Build the dispatcher that replaces a user's ``DataLoader`` in ``prepare``."""
         from .iterable import IterableShardDataLoader
+        from .roundrobin import RoundRobinDataset, RoundRobinLoader
         from .shard import ShardDataLoader
 
         ctx = ctx if ctx is not None else DistContext.detect()
         alone = DistContext(0, 1)
-        if isinstance(dataloader.dataset, IterableDataset):
+        if isinstance(dataloader.dataset, RoundRobinDataset):
+            reader = RoundRobinLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        elif isinstance(dataloader.dataset, IterableDataset):
             reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         else:
             reader = ShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)

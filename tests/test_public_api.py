@@ -14,6 +14,8 @@ INTENDED = [
     "LoaderState",
     "Mismatch",
     "Phase",
+    "RoundRobinDataset",
+    "RoundRobinLoader",
     "ShardDataLoader",
     "ShardPlan",
     "SkipDataLoader",
