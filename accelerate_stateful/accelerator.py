@@ -142,11 +142,8 @@ class Accelerator(accelerate.Accelerator):
         for loader, state in zip(self.stateful_loaders, states):
             loader.load_state_dict(state)
         if self.is_main_process:
-            for index, loader in enumerate(self.stateful_loaders):
-                logger.info(
-                    "loader %d: resuming epoch %d at batch %d of %d on %d processes (%s)",
-                    index, loader.epoch, loader.batches_yielded, len(loader), self.num_processes, input_dir,
-                )
+            for index, (loader, state) in enumerate(zip(self.stateful_loaders, states)):
+                _log_resume(index, loader, state, input_dir)
 
     def resume(self, checkpoint_root: Optional[PathLike] = None) -> Optional[Path]:
         """Load the newest complete checkpoint; returns its path, or ``None`` when there is none.
@@ -201,6 +198,12 @@ class Accelerator(accelerate.Accelerator):
         self.wait_for_everyone()
 
     def _read_loader_states(self, checkpoint: Path) -> list[Any]:
+        """This rank's state of every loader, read and validated before anything is loaded.
+
+        On another number of processes (elastic resume), every rank takes the main process's state, after
+        checking that all saved ranks agree on the position; each loader then re-derives its own cursor or
+        refuses with the reason.
+        """
         manifest = _files.read_manifest(checkpoint)
         loaders = self.stateful_loaders
         if manifest["num_loaders"] != len(loaders):
@@ -208,16 +211,17 @@ class Accelerator(accelerate.Accelerator):
                 f"{checkpoint} holds {manifest['num_loaders']} loader states, this run prepared {len(loaders)} "
                 "stateful loaders; prepare the same loaders in the same order as the run that saved it"
             )
-        if manifest["world_size"] != self.num_processes:
-            raise UnsupportedConfigError(
-                f"cannot resume from {checkpoint}: it was written on {manifest['world_size']} processes and this "
-                f"run has {self.num_processes}; elastic resume is not supported for this configuration yet, so "
-                f"relaunch with --num_processes {manifest['world_size']} or start a fresh run"
-            )
+        saved_world = manifest["world_size"]
         states = []
         for index, loader in enumerate(loaders):
-            state = _files.read_loader_state(checkpoint, index, self.process_index)
-            loader.validate_state(state, source=str(_files.state_file(checkpoint, index, self.process_index)))
+            if saved_world == self.num_processes:
+                rank = self.process_index
+                state = _files.read_loader_state(checkpoint, index, rank)
+            else:
+                rank = 0
+                state = _agreed_state([_files.read_loader_state(checkpoint, index, r) for r in range(saved_world)],
+                                      checkpoint, index)
+            loader.validate_state(state, source=str(_files.state_file(checkpoint, index, rank)))
             states.append(state)
         return states
 
@@ -232,6 +236,39 @@ class Accelerator(accelerate.Accelerator):
             yield
         finally:
             self._dataloaders, config.automatic_checkpoint_naming = saved
+
+
+def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path) -> None:
+    """One line saying where the loader resumes, and the change of topology it handles."""
+    try:
+        progress = f"{100 * loader.batches_yielded / len(loader):.1f}%"
+    except (TypeError, ZeroDivisionError):
+        progress = f"batch {loader.batches_yielded}"
+    now = f"{loader.ctx.world_size} ranks x {loader.num_workers} workers"
+    saved = state["topology"]
+    was = f"{saved.get('world_size')} x {saved.get('num_workers')}"
+    if was == f"{loader.ctx.world_size} x {loader.num_workers}":
+        logger.info("loader %d: resuming epoch %d at %s on %s (%s)", index, loader.epoch, progress, now, source)
+    else:
+        logger.warning(
+            "loader %d: resuming epoch %d at %s on %s (was %s) from %s", index, loader.epoch, progress, now, was, source
+        )
+
+
+_POSITION_KEYS = ("epoch", "samples_consumed", "stripe_origin")
+
+
+def _agreed_state(states: list[Any], checkpoint: Path, index: int) -> Any:
+    """Rank 0's state, once every saved rank is known to agree on the epoch and position."""
+    for rank, state in enumerate(states[1:], start=1):
+        for key in _POSITION_KEYS:
+            if isinstance(state, dict) and isinstance(states[0], dict) and state.get(key) != states[0].get(key):
+                raise CheckpointError(
+                    f"cannot resume {checkpoint} on another number of processes: loader {index} of rank {rank} has "
+                    f"{key}={state.get(key)!r} but rank 0 has {states[0].get(key)!r} (the ranks were not in step "
+                    "when it was saved); resume it on the same number of processes"
+                )
+    return states[0]
 
 
 def _rotate(root: Path, keep: int) -> None:

@@ -171,7 +171,10 @@ class DispatchDataLoader(DataLoaderAdapter):
         if last:
             self.remainder = observed
             if not self._drop_last and observed % world != 0:
-                batch = concatenate([batch, self._first], dim=0)
+                first = self._first
+                while find_batch_size(first) < world:  # saved on fewer processes: repeat it
+                    first = concatenate([first, first], dim=0)
+                batch = concatenate([batch, first], dim=0)
                 per_rank += 1
         part = self._slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank), process_index=rank,
                               num_processes=world)
@@ -199,14 +202,15 @@ class DispatchDataLoader(DataLoaderAdapter):
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
         where = f" in {source}" if source else ""
         saved = state_dict[S.TOPOLOGY]
-        if saved.get("world_size") != self.ctx.world_size or saved.get("rank") != self.ctx.rank:
+        if saved.get("world_size") == self.ctx.world_size and saved.get("rank") != self.ctx.rank:
             raise UnsupportedConfigError(
-                f"cannot resume{where}: the state was written by rank {saved.get('rank')} of "
-                f"{saved.get('world_size')} processes, this is rank {self.ctx.rank} of {self.ctx.world_size}; "
-                f"relaunch with --num_processes {saved.get('world_size')} or start a fresh run"
+                f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
+                f"{self.ctx.rank}; load each rank's own state"
             )
+        if self._split_batches and self._reader.batch_size % saved.get("world_size", 1) != 0:
+            raise UnsupportedConfigError(f"cannot resume{where}: invalid topology {saved!r}; the state is damaged")
         base = state_dict.get(S.BASE)
-        if self._reads:
+        if self._reads or saved.get("world_size") != self.ctx.world_size:
             if not isinstance(base, Mapping):
                 raise UnsupportedConfigError(
                     f"cannot resume{where}: the main process's state has no reader state under '{S.BASE}'; "
@@ -218,6 +222,10 @@ class DispatchDataLoader(DataLoaderAdapter):
         if self._reads:
             self._reader.load_state_dict(state_dict[S.BASE])
         self._steps = state_dict[S.BATCHES_YIELDED]
+        if state_dict[S.TOPOLOGY]["world_size"] != self.ctx.world_size:
+            # Elastic: the reader's position is unchanged; what was taken counts in steps of the new size.
+            group = 1 if self._split_batches else self.ctx.world_size
+            self._steps = -(-state_dict[S.BASE][S.BATCHES_YIELDED] // group)
         self._first = state_dict.get(FIRST)
 
     def _rewind(self) -> None:

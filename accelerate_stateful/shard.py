@@ -185,14 +185,16 @@ class ShardDataLoader(DataLoaderAdapter):
         return self._plan.num_batches
 
     # ----------------------------------------------------------------- position hooks
-    def _plan_from(self, origin: int) -> ShardPlan:
-        world = self.ctx.world_size
+    def _plan_from(self, origin: int, world: Optional[int] = None, rank: Optional[int] = None) -> ShardPlan:
+        """This epoch's plan from ``origin``, for this rank (or for another topology, to check a saved state)."""
+        world = self.ctx.world_size if world is None else world
+        rank = self.ctx.rank if rank is None else rank
         per_rank = self._loader_batch_size // world if self._split_batches else self._loader_batch_size
         return ShardPlan(
             num_samples=self._order.num_samples,
             batch_size=per_rank,
             world_size=world,
-            rank=self.ctx.rank,
+            rank=rank,
             drop_last=self._drop_last,
             # Accelerate does not shard on one process (it keeps the user's batch sampler), so it never
             # pads the last batch there.
@@ -253,22 +255,22 @@ class ShardDataLoader(DataLoaderAdapter):
         }
 
     def _remainder(self) -> int:
-        return -1 if self._drop_last else self._order.num_samples % self._plan.total_batch_size
+        plan = self._plan
+        return -1 if self._drop_last else (plan.num_samples - plan.origin) % plan.total_batch_size
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
         saved = state_dict[S.TOPOLOGY]
         where = f" in {source}" if source else ""
-        if saved.get("world_size") != self.ctx.world_size:
+        world, rank = saved.get("world_size"), saved.get("rank")
+        if not (isinstance(world, int) and isinstance(rank, int) and 0 <= rank < world):
+            raise UnsupportedConfigError(f"cannot resume{where}: invalid topology {saved!r}; the state is damaged")
+        if world == self.ctx.world_size and rank != self.ctx.rank:
             raise UnsupportedConfigError(
-                f"cannot resume{where}: the checkpoint was written on {saved.get('world_size')} processes and this "
-                f"run has {self.ctx.world_size}; elastic resume is not supported for this configuration yet, "
-                f"so relaunch with --num_processes {saved.get('world_size')} or start a fresh run"
+                f"cannot resume{where}: the state belongs to rank {rank}, this is rank {self.ctx.rank}; "
+                "load each rank's own state"
             )
-        if saved.get("rank") != self.ctx.rank:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
-                f"{self.ctx.rank}; load each rank's own state"
-            )
+        if self._split_batches and self._loader_batch_size % world != 0:
+            raise UnsupportedConfigError(f"cannot resume{where}: batch_size is not divisible by {world} processes")
         consumed, origin = state_dict.get(S.SAMPLES_CONSUMED), state_dict.get(S.STRIPE_ORIGIN, 0)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (consumed, origin)):
             raise UnsupportedConfigError(
@@ -277,7 +279,7 @@ class ShardDataLoader(DataLoaderAdapter):
                 "checkpoint"
             )
         try:
-            steps = self._plan_from(origin).steps_for(state_dict[S.SAMPLES_CONSUMED])
+            steps = self._plan_from(origin, world, rank).steps_for(consumed)
         except ValueError as exc:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: inconsistent position ({exc}); the state is damaged or was edited "
@@ -285,20 +287,20 @@ class ShardDataLoader(DataLoaderAdapter):
             ) from None
         if steps != state_dict[S.BATCHES_YIELDED]:
             raise UnsupportedConfigError(
-                f"cannot resume{where}: inconsistent position: samples_consumed={state_dict[S.SAMPLES_CONSUMED]} "
-                f"means {steps} batches on this rank, but batches_yielded={state_dict[S.BATCHES_YIELDED]}; "
-                "the state is damaged or was edited by hand, resume from another checkpoint"
+                f"cannot resume{where}: inconsistent position: samples_consumed={consumed} means {steps} batches "
+                f"on rank {rank}, but batches_yielded={state_dict[S.BATCHES_YIELDED]}; the state is damaged or "
+                "was edited by hand, resume from another checkpoint"
             )
 
     def _restore(self, state_dict: Mapping[str, Any]) -> None:
-        if self.num_workers != state_dict[S.TOPOLOGY].get("num_workers"):
-            logger.info(
-                "resuming with num_workers=%s (was %s): map-style workers hold no position, nothing to move",
-                self.num_workers,
-                state_dict[S.TOPOLOGY].get("num_workers"),
-            )
-        self._plan = self._plan_from(state_dict.get(S.STRIPE_ORIGIN, 0))
-        self._consumed = state_dict[S.SAMPLES_CONSUMED]
+        consumed = state_dict[S.SAMPLES_CONSUMED]
+        if state_dict[S.TOPOLOGY]["world_size"] == self.ctx.world_size:
+            origin = state_dict.get(S.STRIPE_ORIGIN, 0)
+        else:
+            # Elastic: the rest of the epoch, from the first sample nobody took, is striped over the new ranks.
+            origin = consumed
+        self._plan = self._plan_from(origin)
+        self._consumed = consumed
 
     def _rewind(self) -> None:
         self._plan = self._plan_from(0)

@@ -84,9 +84,10 @@ def test_a_state_that_is_not_a_dict_is_refused():
         make().load_state_dict([1, 2])
 
 
-def test_a_changed_world_size_is_refused_until_elastic_resume_supports_it():
-    with pytest.raises(UnsupportedConfigError, match="written on 2 processes.*this run has 3.*--num_processes 2"):
-        make(world=3).load_state_dict(saved())
+def test_a_state_that_is_not_on_a_step_boundary_of_its_own_topology_is_refused_on_another_world_size():
+    state = dict(saved(), samples_consumed=6)
+    with pytest.raises(UnsupportedConfigError, match="inconsistent position"):
+        make(world=3).load_state_dict(state)
 
 
 def test_another_ranks_state_is_refused():

@@ -1,0 +1,137 @@
+"""Elastic resume: a checkpoint written on W ranks continues on W' ranks (ranks simulated in one process).
+
+Within the interrupted epoch every sample not consumed at save time is delivered exactly once across the
+new ranks and none that was consumed comes back (besides the padding `even_batches` adds to complete the
+last step, which `gather_for_metrics` drops, as in any run); later epochs are those of a fresh run on W'.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from accelerate_stateful import DispatchDataLoader, DistContext, ShardDataLoader
+
+from harness import through_files
+from streams import CountingStream
+
+EPOCHS = 3
+
+
+def shard(world, rank, n, batch_size, *, drop_last, even, split, workers=0):
+    dl = DataLoader(list(range(n)), batch_size=batch_size, shuffle=True, drop_last=drop_last,
+                    generator=torch.Generator().manual_seed(11), num_workers=workers)
+    return ShardDataLoader.from_dataloader(dl, DistContext(rank, world), even_batches=even, split_batches=split)
+
+
+def ids_of(batches):
+    return [i for b in batches for i in b.tolist()]
+
+
+def take(loader, steps):
+    it = iter(loader)
+    got = [next(it) for _ in range(steps)]
+    state = loader.state_dict()
+    del it
+    return got, state
+
+
+def epoch_rest(loader):
+    """The rest of the current epoch, then the later epochs, as lists of batches."""
+    epochs = [[b.tolist() for b in loader]]
+    while loader.epoch < EPOCHS:
+        epochs.append([b.tolist() for b in loader])
+    return epochs
+
+
+def _layouts():
+    for world, new_world, drop, even, split in itertools.product([1, 2, 3], [1, 2, 3, 4], [False, True],
+                                                                 [False, True], [False, True]):
+        if world != new_world:
+            yield pytest.param(world, new_world, drop, even, split,
+                               id=f"{world}to{new_world}-{'drop' if drop else 'keep'}-{'even' if even else 'uneven'}"
+                               + ("-split" if split else ""))
+
+
+@pytest.mark.parametrize("world,new_world,drop,even,split", list(_layouts()))
+def test_the_rest_of_the_epoch_is_delivered_once_and_later_epochs_are_a_fresh_runs(world, new_world, drop, even,
+                                                                                     split):
+    n = 37
+    batch = 12 if split else 3  # divisible by every world size used when split
+    old = [shard(world, r, n, batch, drop_last=drop, even=even, split=split) for r in range(world)]
+    full_steps = len(old[-1])
+    for steps in sorted({0, 1, full_steps // 2, full_steps - 1}):
+        if steps < 0:
+            continue
+        consumed, states = [], []
+        for loader in [shard(world, r, n, batch, drop_last=drop, even=even, split=split) for r in range(world)]:
+            got, state = take(loader, steps)
+            consumed += ids_of(got)
+            states.append(through_files(state, loader.ctx.rank))
+        order = ids_of([b for b in shard(1, 0, n, n, drop_last=False, even=False, split=False)])  # epoch 0's order
+        resumed = [shard(new_world, r, n, batch, drop_last=drop, even=even, split=split) for r in range(new_world)]
+        for loader in resumed:
+            loader.load_state_dict(states[0])
+        plan = resumed[0]._plan  # the resumed epoch's striping, before iterating moves on
+        padding = plan.padding
+        rests = [epoch_rest(loader) for loader in resumed]
+        delivered = [i for rest in rests for b in rest[0] for i in b]
+        unconsumed = [i for i in order if i not in set(consumed)]
+        real = delivered if not padding else _without_padding(rests, new_world, plan)
+        if drop:
+            assert len(set(real)) == len(real) and set(real) <= set(unconsumed)
+            assert len(unconsumed) - len(real) < plan.total_batch_size
+        else:
+            assert sorted(real) == sorted(unconsumed), f"{steps} steps"
+        fresh = [shard(new_world, r, n, batch, drop_last=drop, even=even, split=split) for r in range(new_world)]
+        for loader in fresh:
+            loader.set_epoch(1)
+        assert [rest[1:] for rest in rests] == [epoch_rest(loader) for loader in fresh]
+
+
+def _without_padding(rests, world, plan):
+    """The epoch's delivered ids in step order, cut where the real samples end."""
+    ordered = [i for step in itertools.zip_longest(*[rest[0] for rest in rests], fillvalue=[]) for b in step for i in b]
+    return ordered[: plan.num_samples - plan.origin]
+
+
+@pytest.mark.parametrize("world,new_world", [(2, 3), (3, 2), (2, 1), (1, 2)])
+@pytest.mark.parametrize("iterable", [False, True], ids=["map", "stream"])
+def test_the_dispatcher_continues_on_another_world_size(world, new_world, iterable):
+    def make(w, r):
+        dataset = CountingStream(29) if iterable else list(range(29))
+        return DispatchDataLoader.from_dataloader(DataLoader(dataset, batch_size=2), DistContext(r, w))
+
+    def global_stream(loaders):
+        per_rank = [[b.tolist() for b in loader] for loader in loaders]
+        return [i for step in zip(*per_rank) for part in step for i in part]
+
+    reference = global_stream([make(world, r) for r in range(world)])
+    first = [make(world, r) for r in range(world)]
+    taken, states = [], []
+    for loader in first:
+        got, state = take(loader, 3)
+        taken += [i for b in got for i in b.tolist()]
+        states.append(through_files(state, loader.ctx.rank))
+    resumed = [make(new_world, r) for r in range(new_world)]
+    for loader in resumed:
+        loader.load_state_dict(states[0])
+    rest = global_stream(resumed)
+    assert sorted(set(taken + rest)) == list(range(29))
+    assert len(taken) == 3 * world * 2 and set(taken).isdisjoint(set(rest[: 29 - len(taken)]))
+    assert reference[: len(taken)] == sorted(taken, key=reference.index)
+    fresh_epoch = global_stream([make(new_world, r) for r in range(new_world)])
+    next_epoch = global_stream(resumed)
+    assert next_epoch == fresh_epoch or iterable  # a stream's next epoch is the stream's own (CountingStream rotates)
+
+
+def test_the_worker_count_may_change_together_with_the_world_size():
+    state = through_files(take(shard(2, 0, 40, 4, drop_last=False, even=True, split=False, workers=2), 3)[1])
+    resumed = [shard(3, r, 40, 4, drop_last=False, even=True, split=False, workers=0) for r in range(3)]
+    for loader in resumed:
+        loader.load_state_dict(state)
+    delivered = sorted(i for loader in resumed for b in loader for i in b.tolist())
+    assert len(delivered) == 40 - 24 + resumed[0]._plan.padding
