@@ -19,6 +19,7 @@ from .dispatch import DispatchDataLoader
 from .iterable import IterableShardDataLoader
 from .roundrobin import RoundRobinDataset, RoundRobinLoader
 from .shard import ShardDataLoader
+from .sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
 from .skip import SkipDataLoader
 
 __version__ = "0.1.0"
@@ -30,19 +31,23 @@ __all__ = [
     "DispatchDataLoader",
     "DistContext",
     "FORMAT_VERSION",
+    "HFShards",
     "IterableShardDataLoader",
     "LifecycleError",
     "LoaderState",
+    "LogicalShardStream",
     "Mismatch",
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",
     "ShardDataLoader",
     "ShardPlan",
+    "ShardedSource",
     "SkipDataLoader",
     "StateMismatchError",
     "StateSerializationError",
     "StatefulLoaderError",
+    "TextLines",
     "UnsupportedConfigError",
     "latest_checkpoint",
 ]

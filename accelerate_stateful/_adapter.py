@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from . import _state as S
 from ._context import DistContext
-from .errors import LifecycleError, Mismatch
+from .errors import CheckpointError, LifecycleError, Mismatch
 
 
 class Phase(enum.Enum):
@@ -185,6 +185,25 @@ class DataLoaderAdapter(Stateful):
             mismatches.append(seed_mismatch)
         S.raise_mismatches(mismatches, source)
         self._check_position(state_dict, source)
+
+    def needs_all_ranks(self, state_dict: Mapping[str, Any]) -> bool:
+        """Whether resuming from ``state_dict`` (this rank's saved state) needs every saved rank's state."""
+        return state_dict[S.TOPOLOGY].get("world_size") != self.ctx.world_size
+
+    def merge_rank_states(self, states: list) -> Mapping[str, Any]:
+        """The one state to resume from on another topology, from every saved rank's state.
+
+        By default the main process's, once every rank is known to agree on the epoch and position.
+        """
+        for rank, state in enumerate(states[1:], start=1):
+            for key in (S.EPOCH, S.SAMPLES_CONSUMED, S.STRIPE_ORIGIN):
+                if isinstance(state, Mapping) and isinstance(states[0], Mapping) and state.get(key) != states[0].get(key):
+                    raise CheckpointError(
+                        f"cannot resume on another number of processes: rank {rank} saved {key}={state.get(key)!r} "
+                        f"but rank 0 saved {states[0].get(key)!r} (the ranks were not in step when it was saved); "
+                        "resume it on the same number of processes"
+                    )
+        return states[0]
 
     # ----------------------------------------------------------------- lifecycle internals
     def _run(self) -> Generator[Any, None, None]:

@@ -12,6 +12,7 @@ import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import _files
+from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
@@ -214,14 +215,17 @@ class Accelerator(accelerate.Accelerator):
         saved_world = manifest["world_size"]
         states = []
         for index, loader in enumerate(loaders):
-            if saved_world == self.num_processes:
-                rank = self.process_index
-                state = _files.read_loader_state(checkpoint, index, rank)
-            else:
-                rank = 0
-                state = _agreed_state([_files.read_loader_state(checkpoint, index, r) for r in range(saved_world)],
-                                      checkpoint, index)
-            loader.validate_state(state, source=str(_files.state_file(checkpoint, index, rank)))
+            rank = self.process_index if saved_world == self.num_processes else 0
+            source = str(_files.state_file(checkpoint, index, rank))
+            state = _files.read_loader_state(checkpoint, index, rank)
+            S.check_shape(state, source)
+            if loader.needs_all_ranks(state):
+                every = [state if r == rank else _files.read_loader_state(checkpoint, index, r)
+                         for r in range(saved_world)]
+                for r, other in enumerate(every):
+                    S.check_shape(other, str(_files.state_file(checkpoint, index, r)))
+                state = loader.merge_rank_states(every)
+            loader.validate_state(state, source=source)
             states.append(state)
         return states
 
@@ -253,22 +257,6 @@ def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path
         logger.warning(
             "loader %d: resuming epoch %d at %s on %s (was %s) from %s", index, loader.epoch, progress, now, was, source
         )
-
-
-_POSITION_KEYS = ("epoch", "samples_consumed", "stripe_origin")
-
-
-def _agreed_state(states: list[Any], checkpoint: Path, index: int) -> Any:
-    """Rank 0's state, once every saved rank is known to agree on the epoch and position."""
-    for rank, state in enumerate(states[1:], start=1):
-        for key in _POSITION_KEYS:
-            if isinstance(state, dict) and isinstance(states[0], dict) and state.get(key) != states[0].get(key):
-                raise CheckpointError(
-                    f"cannot resume {checkpoint} on another number of processes: loader {index} of rank {rank} has "
-                    f"{key}={state.get(key)!r} but rank 0 has {states[0].get(key)!r} (the ranks were not in step "
-                    "when it was saved); resume it on the same number of processes"
-                )
-    return states[0]
 
 
 def _rotate(root: Path, keep: int) -> None:

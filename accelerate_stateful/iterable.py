@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Iterator, Mapping, Optional
 
@@ -13,6 +14,7 @@ from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from ._order import mix_seed
 from ._stream import Slicer, StreamDataset, WorkerStart, passthrough
+from .sharded import LogicalShardStream, ShardedSource, merge_positions
 from .errors import UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
@@ -141,7 +143,10 @@ class IterableShardDataLoader(DataLoaderAdapter):
             raise UnsupportedConfigError(
                 "the DataLoader has batch_size=None; the stateful loader needs batch_size=... to batch the stream"
             )
-        dataset, sliced = shard_hf_iterable(dataloader.dataset, ctx, split_batches)
+        if isinstance(dataloader.dataset, ShardedSource):
+            dataset, sliced = LogicalShardStream(dataloader.dataset, ctx.world_size, ctx.rank), False
+        else:
+            dataset, sliced = shard_hf_iterable(dataloader.dataset, ctx, split_batches)
         seed, seed_source = choose_seed(dataloader, data_seed, ctx)
         settings = {name: getattr(dataloader, name) for name in _BASE_SETTINGS if hasattr(dataloader, name)}
         return cls(
@@ -165,7 +170,13 @@ class IterableShardDataLoader(DataLoaderAdapter):
     # ----------------------------------------------------------------- forwarded by name
     @property
     def dataset(self) -> Any:
-        return self._stream.dataset
+        stream = self._stream.dataset
+        return stream.source if isinstance(stream, LogicalShardStream) else stream
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the stream is read as logical shards, so it may resume on other ranks and workers."""
+        return isinstance(self._stream.dataset, LogicalShardStream)
 
     @property
     def collate_fn(self) -> Any:
@@ -273,13 +284,23 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"cannot resume{where}: the state has no valid '{STREAM}' entry; the file is damaged or was "
                 "edited by hand, resume from another checkpoint"
             )
-        if saved.get("world_size") != self.ctx.world_size or saved.get("rank") != self.ctx.rank:
+        rescaled = self._rescaled(state_dict)
+        if rescaled and not self.elastic:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the state was written by rank {saved.get('rank')} of "
-                f"{saved.get('world_size')} processes, this is rank {self.ctx.rank} of {self.ctx.world_size}; "
-                "an iterable dataset resumes only on the same number of processes"
+                f"{saved.get('world_size')} processes with {saved.get('num_workers')} workers, this is rank "
+                f"{self.ctx.rank} of {self.ctx.world_size} with {self.num_workers}; {type(self.dataset).__name__} "
+                "resumes only on the same number of processes and workers (its position belongs to each reader's "
+                "share of the stream); implement the ShardedSource protocol (num_shards/open_shard) to make it "
+                f"elastic, or relaunch with --num_processes {saved.get('world_size')} and "
+                f"num_workers={saved.get('num_workers')}"
             )
-        if stream.get("workers") != self._position.num_logical:
+        if not rescaled and saved.get("rank") != self.ctx.rank:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
+                f"{self.ctx.rank}; load each rank's own state"
+            )
+        if not rescaled and stream.get("workers") != self._position.num_logical:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the stream was read by {saved.get('num_workers')} workers per process and "
                 f"this loader has {self.num_workers}; each worker's position belongs to its share of the "
@@ -294,14 +315,37 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
             )
 
+    def _rescaled(self, state_dict: Mapping[str, Any]) -> bool:
+        saved = state_dict[S.TOPOLOGY]
+        return (saved.get("world_size"), saved.get("num_workers")) != (self.ctx.world_size, self.num_workers)
+
+    def needs_all_ranks(self, state_dict: Mapping[str, Any]) -> bool:
+        return self.elastic and self._rescaled(state_dict) and state_dict[S.TOPOLOGY].get("world_size", 1) > 1
+
+    def merge_rank_states(self, states: list) -> Mapping[str, Any]:
+        """Every saved rank's readers, as if one rank had read them all (logical shards only)."""
+        merged = dict(super().merge_rank_states(states))
+        snapshots = [snap for state in states for snap in state[STREAM]["snapshots"]]
+        taken = [count for state in states for count in state[STREAM]["taken"]]
+        merged[STREAM] = dict(merged[STREAM], snapshots=snapshots, taken=taken, workers=len(snapshots))
+        merged[S.BATCHES_YIELDED] = sum(taken)
+        return merged
+
     def _restore(self, state_dict: Mapping[str, Any]) -> None:
         stream = state_dict[STREAM]
         pos = self._position
+        self._pass = None
+        pos.last = None
+        if self._rescaled(state_dict):
+            # Elastic: every part's position, dealt out again to this topology's readers from its own position.
+            table = {"items": 0, "ended": False, "dataset": merge_positions(stream["snapshots"])}
+            pos.taken = [0] * pos.num_logical
+            pos.snapshots = [copy.deepcopy(table) for _ in range(pos.num_logical)]
+            pos.rotation = 0
+            return
         pos.taken = list(stream["taken"])
         pos.snapshots = list(stream["snapshots"])
         pos.rotation = stream["rotation"]
-        pos.last = None
-        self._pass = None
         if not stream["stateful"]:
             self.replayed_samples = sum(s["items"] for s in pos.snapshots if s is not None)
             if self.replayed_samples:

@@ -135,13 +135,13 @@ def test_an_opaque_stream_is_fast_forwarded_with_one_warning_and_a_replay_count(
 
 def test_a_changed_worker_count_is_refused_for_a_stream():
     state = shard_factory(23, 2, 1, 0, workers=2)().state_dict()
-    with pytest.raises(UnsupportedConfigError, match="read by 2 workers.*pass num_workers=2"):
+    with pytest.raises(UnsupportedConfigError, match="with 2 workers.*num_workers=2"):
         shard_factory(23, 2, 1, 0, workers=0)().load_state_dict(state)
 
 
 def test_a_changed_world_size_is_refused_for_a_stream():
     state = shard_factory(23, 2, 2, 0)().state_dict()
-    with pytest.raises(UnsupportedConfigError, match="same number of processes"):
+    with pytest.raises(UnsupportedConfigError, match="same number of processes and workers"):
         shard_factory(23, 2, 3, 0)().load_state_dict(state)
 
 
