@@ -207,6 +207,8 @@ class StreamDataset(IterableDataset):
             self.dataset.load_state_dict(copy.deepcopy(state["dataset"] if state is not None else initial))
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(start.epoch)
+        if state is not None and state["ended"] and not self.stateful:
+            return iter(()), read  # an opaque stream known to be finished is not re-read to find its end
         skip = state["items"] if state is not None and not self.stateful else 0
         stream = iter(self.dataset)
         for _ in itertools.islice(stream, skip):  # opaque source: fast-forward, counted as replayed

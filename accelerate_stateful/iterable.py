@@ -270,10 +270,19 @@ class IterableShardDataLoader(DataLoaderAdapter):
         }
 
     def _remainder(self) -> int:
+        """How many real samples the epoch's last step holds, for ``gather_for_metrics``; -1 for unknown.
+
+        With several workers slicing the stream, each pads its own last global batch, so no single count can
+        say which samples are padding: then, as Accelerate does, the padding is kept (nothing real is lost).
+        """
         try:
-            return len(self.dataset) % self.total_batch_size
+            length = len(self.dataset)
         except TypeError:
             return -1
+        if self._sliced and self.num_workers > 1:
+            steps = length // self.total_batch_size if self._drop_last else -(-length // self.total_batch_size)
+            return (steps * self._per_rank) % self.total_batch_size
+        return length % self.total_batch_size
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
         where = f" in {source}" if source else ""
@@ -347,11 +356,11 @@ class IterableShardDataLoader(DataLoaderAdapter):
         pos.snapshots = list(stream["snapshots"])
         pos.rotation = stream["rotation"]
         if not stream["stateful"]:
-            self.replayed_samples = sum(s["items"] for s in pos.snapshots if s is not None)
+            self.replayed_samples = sum(s["items"] for s in pos.snapshots if s is not None and not s["ended"])
             if self.replayed_samples:
                 logger.warning(
                     "%s has no state_dict()/load_state_dict(), so resuming reads and drops the %d samples "
-                    "this rank already consumed; implement them to resume without replay",
+                    "already consumed from it; implement them to resume without replay",
                     type(self.dataset).__name__, self.replayed_samples,
                 )
 

@@ -1,25 +1,34 @@
 """Real multi-process resume scenarios, many per launch; run under ``accelerate launch``.
 
+Two families of sets: ``SCENARIO_SETS`` (map-style data, each rank reading its shard) and
+``SOURCE_SETS`` (the dispatcher over map-style data and over iterable datasets, and iterable datasets
+read by every rank: stateful streams, and opaque ones that resume by fast-forwarding).
+
 Usage (``test_multiprocess.py`` builds this command; with one process, ``--cpu`` replaces
 ``--multi_gpu``, which needs two or more)::
 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N --num_machines 1 \
         --mixed_precision no --dynamo_backend no tests/mp_scenarios.py OUT_DIR SET_NAME [SCENARIO_ID]
 
-For each scenario of ``SCENARIO_SETS[SET_NAME]`` every rank runs:
+For each scenario of ``ALL_SETS[SET_NAME]`` every rank runs:
 
 1. a *reference*: three epochs uninterrupted, with a real ``accumulate``
    training step, recording per batch the epoch, this rank's sample ids,
    ``sync_gradients``, ``end_of_dataloader``, ``batches_yielded`` and, on an
    epoch's last batch, ``gather_for_metrics(ids)``; across ranks each epoch
-   must deliver every sample once, with the padding dropped by the gather;
+   must deliver every sample once, with the padding dropped by the gather; without shuffling, the
+   same run through Accelerate's own loader (``use_stateful_dataloader=False``) must give every rank
+   the same batches, ``end_of_dataloader`` and ``len()`` (drop-in equivalence);
 2. a *saver*: the same run, checkpointing at every save point into its own
    folder; it must still equal the reference (saving disturbs nothing);
 3. one *resume* per checkpoint: everything rebuilt (``Accelerator``,
    ``DataLoader``, model, optimizer, ``GradientState``, global RNG),
    ``load_state``, run to the end: the batches before the save plus those
    after the resume must equal the reference. A resumed run may checkpoint
-   again, which makes chains of 2 and 3 successive resumes.
+   again, which makes chains of 2 and 3 successive resumes. An iterable
+   dataset's loader must report ``replayed_samples`` > 0 (with a warning
+   naming the dataset class) after resuming an opaque stream mid-epoch, and
+   0 for a stateful stream or at an epoch boundary.
 
 Each rank writes ``OUT_DIR/rank<R>.json`` (rewritten after every scenario):
 one entry per scenario with ``id``, ``passed`` and ``difference`` (the
@@ -33,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import shutil
 import sys
 import time
@@ -49,7 +59,8 @@ from torch.distributed.algorithms.join import Join
 from torch.utils.data import DataLoader, Dataset
 
 import accelerate_stateful
-from accelerate_stateful import _files
+from accelerate_stateful import DispatchDataLoader, _files
+from streams import CountingStream, OpaqueStream
 
 EPOCHS = 3
 # A desync fails in half a minute instead of hanging for gloo's default half hour.
@@ -63,9 +74,13 @@ SavePoint = tuple
 
 
 def _scenario(sid: str, *, n: int, bs: int, shuffle: str = "off", drop_last: bool = False, even: bool = True,
-              split: bool = False, workers: int = 0, ga: int = 1, skip: int = 0, auto: bool = False) -> dict:
+              split: bool = False, workers: int = 0, ga: int = 1, skip: int = 0, auto: bool = False,
+              data: str = "map", dispatch: Optional[bool] = None, persistent: bool = False) -> dict:
+    """One scenario. ``data`` names a dataset of ``DATASETS``; ``dispatch`` is ``dispatch_batches`` (``None``:
+    Accelerate's default, the dispatcher for an iterable dataset, each rank its shard for a map-style one)."""
     return dict(id=sid, n=n, bs=bs, shuffle=shuffle, drop_last=drop_last, even=even, split=split,
-                workers=workers, ga=ga, skip=skip, auto=auto)
+                workers=workers, ga=ga, skip=skip, auto=auto, data=data, dispatch=dispatch,
+                persistent=persistent)
 
 
 # One covering set per world size. Within a set, every pair of values of the two-valued factors
@@ -112,6 +127,68 @@ SCENARIO_SETS: dict[str, list[dict]] = {
 }
 
 
+def _source(sid: str, *, data: str, dispatch: Optional[bool], **settings: Any) -> dict:
+    return _scenario(sid, data=data, dispatch=dispatch, **settings)
+
+
+# The dispatcher over map-style data ("dmap"), the dispatcher over an iterable dataset (Accelerate's
+# default for one: "diter") and every rank reading the stream itself with dispatch_batches=False ("siter").
+# Per launch each of the three runs once without workers and once with two; across the three launches
+# every pair of values of num_workers, split_batches and drop_last occurs for each of them
+# (``test_source_sets_cover_every_pair``). Opaque streams (no state_dict) resume by fast-forwarding, in
+# both modes and with workers. "sized-" datasets have a len(), which is what lets gather_for_metrics
+# drop the padding of an iterable's last batch in shard mode; the dispatcher knows its padding without it.
+# Lengths leave an uneven last step; a stream is split between the workers by id (i % workers). Worker
+# processes are slow to start on two cores, so most scenarios with workers in the larger launches keep them
+# (persistent_workers=True), which forks them once per run instead of once per epoch.
+SOURCE_SETS: dict[str, list[dict]] = {
+    "sources-world1": [
+        _source("w1-dmap-seq-ga2-skip", data="map", dispatch=True, n=13, bs=3, ga=2, skip=2),
+        _source("w1-dmap-persistent2-split-drop", data="map", dispatch=True, n=14, bs=4, workers=2, split=True,
+                drop_last=True, persistent=True),
+        _source("w1-diter-sized-auto", data="sized-stream", dispatch=None, n=11, bs=2, auto=True),
+        _source("w1-diter-workers2-split-drop-ga2", data="stream", dispatch=None, n=17, bs=3, workers=2,
+                split=True, drop_last=True, ga=2),
+        _source("w1-siter-opaque-ga2", data="sized-opaque", dispatch=False, n=11, bs=3, ga=2),
+        _source("w1-siter-sized-workers2-split-drop", data="sized-stream", dispatch=False, n=19, bs=2, workers=2,
+                split=True, drop_last=True),
+    ],
+    "sources-world2": [
+        # rank 1's share of the last step is padded with the epoch's first sample
+        _source("w2-dmap-drawn-split-skip", data="map", dispatch=True, n=23, bs=4, shuffle="drawn", split=True,
+                skip=2),
+        _source("w2-dmap-persistent2-drop-ga2", data="map", dispatch=True, n=27, bs=3, workers=2, drop_last=True,
+                ga=2, persistent=True),
+        _source("w2-diter-opaque-workers2-drop", data="opaque", dispatch=None, n=23, bs=2, workers=2,
+                drop_last=True),
+        _source("w2-diter-sized-split-ga2-auto", data="sized-stream", dispatch=None, n=21, bs=4, split=True, ga=2,
+                auto=True),
+        _source("w2-siter-sized-split", data="sized-stream", dispatch=False, n=21, bs=4, split=True),
+        _source("w2-siter-persistent2-drop-ga2", data="stream", dispatch=False, n=27, bs=2, workers=2,
+                drop_last=True, ga=2, persistent=True),
+        # each worker pads its own last global batch: gather_for_metrics must keep every real sample
+        _source("w2-siter-sized-workers2", data="sized-stream", dispatch=False, n=22, bs=2, workers=2),
+    ],
+    "sources-world3": [
+        _source("w3-dmap-drop-ga2", data="map", dispatch=True, n=29, bs=2, drop_last=True, ga=2),
+        # the last step holds one sample: ranks 1 and 2 get the epoch's first samples as padding
+        _source("w3-dmap-persistent2-split", data="map", dispatch=True, n=25, bs=6, workers=2, split=True,
+                persistent=True),
+        _source("w3-diter-drop-ga2", data="stream", dispatch=None, n=29, bs=2, drop_last=True, ga=2),
+        # a worker's last batch is short: split in three, it leaves 0 samples per rank, so it is lost, as with
+        # Accelerate's dispatcher; only the epoch's last step is padded
+        _source("w3-diter-sized-persistent2-split", data="sized-stream", dispatch=None, n=28, bs=3, workers=2,
+                split=True, persistent=True),
+        _source("w3-siter-drop-auto", data="stream", dispatch=False, n=26, bs=2, drop_last=True, auto=True),
+        # no len(): gather_for_metrics keeps the last batch's padding, as it does with Accelerate's loader
+        _source("w3-siter-opaque-persistent2-split-ga2", data="opaque", dispatch=False, n=25, bs=3, workers=2,
+                split=True, ga=2, persistent=True),
+    ],
+}
+
+ALL_SETS: dict[str, list[dict]] = {**SCENARIO_SETS, **SOURCE_SETS}
+
+
 class Ids(Dataset):
     """Sample ``i`` is the id ``i``: what the loop sees is exactly which samples it got."""
 
@@ -125,14 +202,68 @@ class Ids(Dataset):
         return i
 
 
+class SizedCountingStream(CountingStream):
+    """A stateful stream that knows its length."""
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class SizedOpaqueStream(OpaqueStream):
+    """An opaque stream that knows its length."""
+
+    def __len__(self) -> int:
+        return self.n
+
+
+DATASETS = {"map": Ids, "stream": CountingStream, "sized-stream": SizedCountingStream, "opaque": OpaqueStream,
+            "sized-opaque": SizedOpaqueStream}
+
+
+def is_iterable(cfg: dict) -> bool:
+    return cfg["data"] != "map"
+
+
+def dispatches(cfg: dict) -> bool:
+    """Whether the dispatcher serves this scenario (Accelerate's choice when ``dispatch_batches`` is None)."""
+    return is_iterable(cfg) if cfg["dispatch"] is None else cfg["dispatch"]
+
+
+def reads_here(cfg: dict) -> bool:
+    """Whether this rank reads the data (the dispatcher reads on the main process only)."""
+    state = PartialState()
+    return not dispatches(cfg) or state.is_main_process or state.num_processes == 1
+
+
 def make_dataloader(cfg: dict) -> DataLoader:
     kwargs: dict[str, Any] = {}
     if cfg["shuffle"] == "generator":
         kwargs = {"shuffle": True, "generator": torch.Generator().manual_seed(1234)}
     elif cfg["shuffle"] == "drawn":
         kwargs = {"shuffle": True}
-    return DataLoader(Ids(cfg["n"]), batch_size=cfg["bs"], drop_last=cfg["drop_last"],
+    if cfg["persistent"]:
+        kwargs["persistent_workers"] = True
+    return DataLoader(DATASETS[cfg["data"]](cfg["n"]), batch_size=cfg["bs"], drop_last=cfg["drop_last"],
                       num_workers=cfg["workers"], **kwargs)
+
+
+def dataloader_config(cfg: dict, stateful: bool) -> DataLoaderConfiguration:
+    return DataLoaderConfiguration(use_stateful_dataloader=stateful, split_batches=cfg["split"],
+                                   even_batches=cfg["even"], dispatch_batches=cfg["dispatch"])
+
+
+@contextlib.contextmanager
+def captured_warnings(name: str = "accelerate_stateful"):
+    """The warnings the package logs meanwhile."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
 
 
 class Findings:
@@ -181,9 +312,7 @@ class Run:
                                            total_limit=2)
         self.cfg, self.per_epoch = cfg, per_epoch
         self.acc = accelerate_stateful.Accelerator(
-            dataloader_config=DataLoaderConfiguration(
-                use_stateful_dataloader=True, split_batches=cfg["split"], even_batches=cfg["even"]
-            ),
+            dataloader_config=dataloader_config(cfg, stateful=True),
             gradient_accumulation_steps=cfg["ga"],
             project_config=project,
             cpu=True,
@@ -192,10 +321,19 @@ class Run:
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         self.model, self.optimizer, self.dl = self.acc.prepare(model, optimizer, make_dataloader(cfg))
         self.loader = self.dl
+        self.warnings: list[str] = []
         if resume_from is not None:
-            self.acc.load_state(resume_from)
+            with captured_warnings() as records:
+                self.acc.load_state(resume_from)
+            self.warnings = [record.getMessage() for record in records]
         elif fresh and cfg["skip"]:
             self.loader = self.acc.skip_first_batches(self.dl, cfg["skip"])
+
+    @property
+    def replayed_samples(self) -> int:
+        """Samples the loader reads again to resume (an opaque stream is fast-forwarded); 0 for map-style data."""
+        reader = self.dl.reader if isinstance(self.dl, DispatchDataLoader) else self.dl
+        return getattr(reader, "replayed_samples", 0)
 
     def train_step(self, ids: torch.Tensor) -> None:
         with self.acc.accumulate(self.model):
@@ -255,11 +393,15 @@ class Run:
             "yielded": self.dl.batches_yielded,
         }
         if self.cfg["equal_counts"] and k == self.per_epoch[epoch]:
-            if self.cfg["drop_last"] or self.cfg["even"]:  # equal batch sizes: the tensor path
-                step["gathered"] = acc.gather_for_metrics(ids).tolist()
-            else:  # the last batches may differ in size: the object path
-                step["gathered"] = list(acc.gather_for_metrics(ids.tolist()))
+            step["gathered"] = gather_last(acc, self.cfg, ids)
         return step
+
+
+def gather_last(acc: accelerate.Accelerator, cfg: dict, ids: torch.Tensor) -> list[int]:
+    """``gather_for_metrics`` of an epoch's last batch, which drops the padding when the loader knows it."""
+    if cfg["drop_last"] or cfg["even"]:  # equal batch sizes: the tensor path
+        return acc.gather_for_metrics(ids).tolist()
+    return list(acc.gather_for_metrics(ids.tolist()))  # the last batches may differ in size: the object path
 
 
 # --------------------------------------------------------------------------- save points
@@ -298,6 +440,17 @@ def batches_before(chain: list[SavePoint], own: list[int]) -> int:
 
 
 # --------------------------------------------------------------------------- checks
+def epoch_order(cfg: dict, epoch: int) -> Optional[list[int]]:
+    """The order in which ``epoch`` reads the samples, where it is known: unshuffled map-style data, or a
+    stream read without workers (``streams._share`` rotates it by the epoch)."""
+    n = cfg["n"]
+    if not is_iterable(cfg):
+        return list(range(n)) if cfg["shuffle"] == "off" else None
+    if cfg["workers"]:
+        return None  # batches alternate between the workers' shares
+    return list(range(epoch % n, n)) + list(range(epoch % n))
+
+
 def check_reference(cfg: dict, reference: list[dict], found: Findings) -> None:
     """The uninterrupted run itself is right.
 
@@ -305,11 +458,24 @@ def check_reference(cfg: dict, reference: list[dict], found: Findings) -> None:
     ``gather_for_metrics`` returns it (padding dropped); on each rank ``end_of_dataloader`` is set on the
     epoch's last batch only, ``sync_gradients`` every ``ga`` batches and there, and ``batches_yielded``
     counts the epoch's batches (skipped ones included).
+
+    Two iterable cases are weaker, as they are with Accelerate's own loader: ranks reading a stream
+    themselves pad the last global batch of *each worker*, and ``gather_for_metrics`` can drop the padding
+    only given the dataset's ``len()`` and no workers, so there every sample must be delivered, padding
+    aside; and with workers each worker's short last batch is dropped by ``drop_last`` or, by the
+    dispatcher, cut to a multiple of the number of processes, so there the delivered samples must be
+    distinct.
     """
     world = PartialState().num_processes
     logs = gather_object([reference])
     n, total = cfg["n"], cfg["bs"] if cfg["split"] else cfg["bs"] * world
     expected = (n // total) * total if cfg["drop_last"] else n
+    sized = hasattr(DATASETS[cfg["data"]], "__len__")
+    padding_kept = (is_iterable(cfg) and not dispatches(cfg) and world > 1 and not cfg["drop_last"]
+                    and (cfg["workers"] > 0 or not sized))
+    # Each worker's stream ends in a short batch: drop_last drops it; the dispatcher slices it in equal
+    # parts like any other step, and the remainder of the division is lost (Accelerate's dispatcher too).
+    cut_per_worker = is_iterable(cfg) and cfg["workers"] > 0 and (cfg["drop_last"] or dispatches(cfg))
     for epoch in range(1 if cfg["skip"] else 0, EPOCHS):
         per_rank = [[s for s in log if s["epoch"] == epoch] for log in logs]
         delivered: list[int] = []
@@ -319,11 +485,20 @@ def check_reference(cfg: dict, reference: list[dict], found: Findings) -> None:
                 delivered += head["gathered"]
             else:
                 delivered += [i for steps in per_rank if k < len(steps) for i in steps[k]["ids"]]
-        if len(set(delivered)) != len(delivered) or len(delivered) != expected:
+        order = epoch_order(cfg, epoch)
+        if cut_per_worker:
+            if len(set(delivered)) != len(delivered) or not set(delivered) <= set(range(n)):
+                found.add(f"reference epoch {epoch}: the ranks together delivered {delivered}, expected distinct "
+                          f"samples of 0..{n - 1}")
+        elif padding_kept:
+            if set(delivered) != set(range(n)) or (order is not None and delivered[:n] != order):
+                found.add(f"reference epoch {epoch}: the ranks together delivered {delivered}, expected every "
+                          f"sample of 0..{n - 1} (in the order {order}), then padding")
+        elif len(set(delivered)) != len(delivered) or len(delivered) != expected:
             found.add(f"reference epoch {epoch}: the ranks together delivered {len(delivered)} samples "
                       f"{delivered} (gather_for_metrics on the last batch), expected {expected} distinct ones")
-        elif cfg["shuffle"] == "off" and delivered != list(range(expected)):
-            found.add(f"reference epoch {epoch}: ranks together delivered {delivered}, expected 0..{expected - 1}")
+        elif order is not None and delivered != order[:expected]:
+            found.add(f"reference epoch {epoch}: ranks together delivered {delivered}, expected {order[:expected]}")
     for epoch in range(EPOCHS):
         steps = [s for s in reference if s["epoch"] == epoch]
         skipped = cfg["skip"] if epoch == 0 else 0
@@ -335,17 +510,71 @@ def check_reference(cfg: dict, reference: list[dict], found: Findings) -> None:
                       f"per batch were {got}, expected {want}")
 
 
-def check_accelerate_parity(cfg: dict, reference: list[dict], found: Findings) -> None:
-    """Without shuffling, each rank gets exactly the batches of Accelerate's own loader."""
+def check_accelerate_parity(cfg: dict, reference: list[dict], ours_len: Optional[int], found: Findings) -> None:
+    """Without shuffling, each rank gets exactly the batches of Accelerate's own loader (drop-in equivalence).
+
+    Same ``DataLoaderConfiguration`` with ``use_stateful_dataloader=False``, same dataset: per batch the ids
+    and ``end_of_dataloader``, ``len()``, and, where Accelerate knows the padding of the last batch (its
+    dispatcher, and map-style shards), ``gather_for_metrics`` of the last batch. A skip goes through
+    Accelerate's ``skip_first_batches``. Accelerate's loader leaves a stateful stream where the last epoch
+    ended (read in this process, or in a persistent worker), so its second epoch would be empty, and a
+    persistent worker never sees ``set_epoch``: for those streams only the first epoch is compared.
+    """
     GradientState._reset_state()
-    acc = accelerate.Accelerator(
-        dataloader_config=DataLoaderConfiguration(split_batches=cfg["split"], even_batches=cfg["even"]), cpu=True
-    )
-    theirs = [(b.tolist(), bool(acc.gradient_state.end_of_dataloader)) for b in acc.prepare(make_dataloader(cfg))]
-    ours = [(s["ids"], s["end"]) for s in reference if s["epoch"] == 0]
+    acc = accelerate.Accelerator(dataloader_config=dataloader_config(cfg, stateful=False), cpu=True)
+    dl = acc.prepare(make_dataloader(cfg))
+    theirs_len = _length(dl)
+    if theirs_len != ours_len:
+        found.add(f"len() is {ours_len}, Accelerate's own loader has {theirs_len}")
+    stateful_stream = cfg["data"] in ("stream", "sized-stream")
+    epochs = 1 if stateful_stream and not cfg["workers"] else EPOCHS
+    if is_iterable(cfg) and cfg["persistent"]:
+        epochs = 1  # a persistent worker's copy of the stream keeps its position and misses set_epoch()
+    gathers = dispatches(cfg) or not is_iterable(cfg)
+    theirs = []
+    for epoch in range(epochs):
+        loader = acc.skip_first_batches(dl, cfg["skip"]) if epoch == 0 and cfg["skip"] else dl
+        for batch in loader:
+            step = {"epoch": epoch, "ids": batch.tolist(), "end": bool(acc.gradient_state.end_of_dataloader)}
+            if gathers and cfg["equal_counts"] and step["end"]:
+                step["gathered"] = gather_last(acc, cfg, batch)
+            theirs.append(step)
+    keys = ("epoch", "ids", "end", "gathered") if gathers else ("epoch", "ids", "end")
+    ours = [{k: s[k] for k in keys if k in s} for s in reference if s["epoch"] < epochs]
     if theirs != ours:
-        found.add(f"epoch 0 (ids, end_of_dataloader) differs from Accelerate's own loader: "
-                  f"Accelerate {theirs}, ours {ours}")
+        first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+        found.add(f"epochs 0..{epochs - 1} differ from Accelerate's own loader from batch {first} on "
+                  f"(of {len(theirs)} there, {len(ours)} here): Accelerate {theirs[first:first + 3]}, "
+                  f"ours {ours[first:first + 3]}; all of Accelerate's: {theirs}; ours: {ours}")
+
+
+def _length(dl: Any) -> Optional[int]:
+    try:
+        return len(dl)
+    except TypeError:  # a stream without len()
+        return None
+
+
+def check_replay(cfg: dict, run: Run, chain: list[SavePoint], own: list[int], found: Findings) -> None:
+    """Resuming an opaque stream mid-epoch fast-forwards it, counted and warned about; nothing else replays.
+
+    Only the ranks that read count (the dispatcher reads on the main process). A save inside the loop after
+    an epoch's last batch may replay or not: either continues exactly.
+    """
+    if not is_iterable(cfg):
+        return
+    point = next((p for p in reversed(chain) if p != ("start",)), ("start",))
+    if point[0] == "in" and point[2] == own[point[1]]:
+        return
+    got = run.replayed_samples
+    name = DATASETS[cfg["data"]].__name__
+    warned = [w for w in run.warnings if name in w]
+    if "opaque" in cfg["data"] and point[0] == "in" and reads_here(cfg):
+        if got <= 0 or len(warned) != 1:
+            found.add(f"resumed from {chain}: replayed_samples={got} and {len(warned)} warnings naming {name} "
+                      f"({run.warnings}); expected samples replayed and one warning")
+    elif got != 0 or warned:
+        found.add(f"resumed from {chain}: replayed_samples={got}, warnings {run.warnings}; expected no replay")
 
 
 def check_auto_restarts(cfg: dict, reference: list[dict], per_epoch: list[int], project: Path,
@@ -372,10 +601,18 @@ def check_auto_restarts(cfg: dict, reference: list[dict], per_epoch: list[int], 
 
 
 # --------------------------------------------------------------------------- one scenario
+def count_batches(cfg: dict) -> int:
+    """This rank's batches in an epoch of an iterable dataset, by running one (with workers, or without a
+    ``len()``, nothing else tells)."""
+    return sum(1 for _ in Run(cfg, per_epoch=[]).dl)
+
+
 def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
     cfg = dict(cfg)
+    counted = count_batches(cfg) if is_iterable(cfg) else None
     first = Run(cfg, per_epoch=[])  # set below, once every rank's batch count is known
-    lengths = gather_object([len(first.dl)])
+    ours_len = _length(first.dl)
+    lengths = gather_object([ours_len if counted is None else counted])
     cfg["equal_counts"] = len(set(lengths)) == 1
     found.batch_counts = lengths
     per_epoch = [min(lengths) - cfg["skip"]] + [min(lengths)] * (EPOCHS - 1)
@@ -390,7 +627,7 @@ def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
     own = [sum(1 for s in reference if s["epoch"] == epoch) for epoch in range(EPOCHS)]
     check_reference(cfg, reference, found)
     if cfg["shuffle"] == "off":
-        check_accelerate_parity(cfg, reference, found)
+        check_accelerate_parity(cfg, reference, ours_len, found)
 
     points = save_points(per_epoch)
     folders = {point: root / f"save{i}" for i, point in enumerate(points)}
@@ -402,13 +639,17 @@ def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
         # A resume that starts a chain writes the chain's next checkpoint along the way.
         nxt = {c[1]: root / f"chain{j}-1" for j, c in enumerate(all_chains) if c[0] == point}
         before = reference[: batches_before([point], own)]
-        steps, _ = Run(cfg, per_epoch, resume_from=folders[point]).drive(before, nxt)
+        run = Run(cfg, per_epoch, resume_from=folders[point])
+        check_replay(cfg, run, [point], own, found)
+        steps, _ = run.drive(before, nxt)
         found.same_steps(reference, before + steps, f"resumed from {point}")
     for j, chain in enumerate(all_chains):
         for link in range(1, len(chain)):
             nxt = {chain[link + 1]: root / f"chain{j}-{link + 1}"} if link + 1 < len(chain) else {}
             before = reference[: batches_before(chain[: link + 1], own)]
-            steps, _ = Run(cfg, per_epoch, resume_from=root / f"chain{j}-{link}").drive(before, nxt)
+            run = Run(cfg, per_epoch, resume_from=root / f"chain{j}-{link}")
+            check_replay(cfg, run, chain[: link + 1], own, found)
+            steps, _ = run.drive(before, nxt)
             found.same_steps(reference, before + steps, f"resume chain {chain[: link + 1]}")
     if cfg["auto"]:
         check_auto_restarts(cfg, reference, per_epoch, root / "auto", found)
@@ -424,7 +665,7 @@ def is_desync(exc: BaseException) -> bool:
 def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
     state = PartialState(cpu=True, timeout=COLLECTIVE_TIMEOUT)
     torch.set_num_threads(1)
-    scenarios = [cfg for cfg in SCENARIO_SETS[set_name] if only is None or cfg["id"] == only]
+    scenarios = [cfg for cfg in ALL_SETS[set_name] if only is None or cfg["id"] == only]
     if state.is_main_process:
         print(f"{set_name}: {len(scenarios)} scenarios on {state.num_processes} processes "
               f"({state.distributed_type})", flush=True)
@@ -450,6 +691,7 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
             "passed": not found.items,
             "difference": found.items[0] if found.items else None,
             "differences": len(found.items),
+            "other_differences": [item[:2000] for item in found.items[1:6]],
             "seconds": round(time.perf_counter() - started, 2),
             "resumes_compared": found.compared,
             "batches_per_rank": found.batch_counts,

@@ -1,10 +1,13 @@
-"""Exact resume with real processes on gloo: one ``accelerate launch`` per world size.
+"""Exact resume with real processes on gloo: two ``accelerate launch`` per world size.
 
-Each launch runs every scenario of ``mp_scenarios.SCENARIO_SETS[f"world{N}"]`` (see that module for
-what a scenario checks) and every rank writes a JSON verdict per scenario. Across the three launches
-the scenarios cover world sizes 1, 2 and 3, num_workers 0 and 2, shuffle on and off, drop_last,
-even_batches, split_batches, gradient accumulation 1 and 2, with every pair of those settings in each
-launch instead of the full product.
+Each launch runs every scenario of one set of ``mp_scenarios.ALL_SETS`` (see that module for what a
+scenario checks) and every rank writes a JSON verdict per scenario. The ``world{N}`` launches read
+map-style data on every rank and cover world sizes 1, 2 and 3, num_workers 0 and 2, shuffle on and off,
+drop_last, even_batches, split_batches, gradient accumulation 1 and 2, with every pair of those settings
+in each launch instead of the full product. The ``sources-world{N}`` launches run the dispatcher over
+map-style and iterable datasets and iterable datasets read by every rank, stateful and opaque, each
+with and without workers, every pair of num_workers, split_batches and drop_last across the launches,
+and check each against Accelerate's own loader.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from mp_scenarios import SCENARIO_SETS
+from mp_scenarios import ALL_SETS, SCENARIO_SETS, SOURCE_SETS, dispatches, is_iterable
 
 SCRIPT = Path(__file__).with_name("mp_scenarios.py")
 REPO = SCRIPT.parent.parent
-LAUNCH_TIMEOUT_S = 240  # a launch takes 10-40 s; a desync fails it within a minute (gloo timeout)
+LAUNCH_TIMEOUT_S = 240  # a launch takes 15-45 s; a desync fails it within a minute (gloo timeout)
 
 # The two-valued settings whose every pair of values each launch must cover.
 FACTORS = {
@@ -88,12 +91,16 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, output
 
 
+def _world(set_name: str) -> int:
+    return int(set_name.rsplit("world", 1)[1])
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world", [pytest.param(w, id=f"world{w}") for w in (1, 2, 3)])
-def test_every_rank_resumes_exactly_in_real_processes(world, tmp_path):
-    set_name = f"world{world}"
-    expected_ids = [s["id"] for s in SCENARIO_SETS[set_name]]
+@pytest.mark.parametrize("set_name", list(ALL_SETS))
+def test_every_rank_resumes_exactly_in_real_processes(set_name, tmp_path):
+    world = _world(set_name)
+    expected_ids = [s["id"] for s in ALL_SETS[set_name]]
     out_dir = tmp_path / "out"
     out_dir.mkdir()
 
@@ -112,7 +119,11 @@ def test_every_rank_resumes_exactly_in_real_processes(world, tmp_path):
         ran = [r["id"] for r in results]
         if ran != expected_ids:
             failures.append(f"rank {rank} finished {ran}, expected {expected_ids}")
-        failures += [f"{r['id']} on rank {rank}: {r['difference']}" for r in results if not r["passed"]]
+        failures += [
+            f"{r['id']} on rank {rank}: {r['difference']}"
+            + "".join(f"\n  and: {other}" for other in r.get("other_differences", []))
+            for r in results if not r["passed"]
+        ]
     assert returncode == 0 and not failures, (
         f"{set_name} (exit status {returncode}): {len(failures)} failure(s):\n"
         + "\n\n".join(failures)
@@ -133,10 +144,53 @@ def test_scenario_sets_cover_every_pair(set_name):
     assert not missing, f"{set_name} never runs: {', '.join(missing)}"
 
 
-@pytest.mark.parametrize("set_name", list(SCENARIO_SETS))
+# The three ways a source is read: the dispatcher over map-style data, over an iterable dataset, and an
+# iterable dataset read by every rank.
+def _kind(s: dict) -> str:
+    return ("diter" if dispatches(s) else "siter") if is_iterable(s) else ("dmap" if dispatches(s) else "shard")
+
+
+SOURCE_FACTORS = {
+    "num_workers": lambda s: s["workers"] > 0,
+    "split_batches": lambda s: s["split"],
+    "drop_last": lambda s: s["drop_last"],
+}
+
+
+@pytest.mark.parametrize("kind", ["dmap", "diter", "siter"])
+def test_source_sets_cover_every_pair(kind):
+    """Across the launches, each source kind runs every pair of values of num_workers, split_batches and
+    drop_last; within each launch, it runs with and without workers."""
+    rows = [s for sets in SOURCE_SETS.values() for s in sets if _kind(s) == kind]
+    missing = [
+        f"{a}={va} with {b}={vb}"
+        for a, b in itertools.combinations(SOURCE_FACTORS, 2)
+        for va, vb in itertools.product((False, True), repeat=2)
+        if not any(bool(SOURCE_FACTORS[a](s)) == va and bool(SOURCE_FACTORS[b](s)) == vb for s in rows)
+    ]
+    assert not missing, f"{kind} never runs: {', '.join(missing)}"
+    for set_name, scenarios in SOURCE_SETS.items():
+        workers = {s["workers"] for s in scenarios if _kind(s) == kind}
+        assert workers == {0, 2}, f"{set_name} runs {kind} with num_workers in {sorted(workers)}, not 0 and 2"
+
+
+def test_source_sets_resume_opaque_streams_in_both_modes_and_with_workers():
+    opaque = [s for sets in SOURCE_SETS.values() for s in sets if "opaque" in s["data"]]
+    assert {_kind(s) for s in opaque} == {"diter", "siter"}
+    assert {s["workers"] for s in opaque} == {0, 2}
+    assert {s["persistent"] for s in opaque if s["workers"]} == {False, True}
+
+
+def test_source_sets_use_dispatch_default_for_iterables():
+    """The dispatcher over an iterable dataset is reached by Accelerate's default (dispatch_batches=None)."""
+    for sets in SOURCE_SETS.values():
+        assert all(s["dispatch"] is None for s in sets if _kind(s) == "diter")
+
+
+@pytest.mark.parametrize("set_name", list(ALL_SETS))
 def test_scenario_datasets_leave_a_partial_last_batch(set_name):
-    world = int(set_name.removeprefix("world"))
-    for s in SCENARIO_SETS[set_name]:
+    world = _world(set_name)
+    for s in ALL_SETS[set_name]:
         global_batch = s["bs"] if s["split"] else s["bs"] * world
         assert s["n"] % global_batch != 0, f"{s['id']}: {s['n']} samples fill every batch of {global_batch}"
         assert not s["split"] or s["bs"] % world == 0, f"{s['id']}: split batch {s['bs']} on {world} ranks"
