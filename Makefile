@@ -29,6 +29,7 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/bench_loader.py
+	$(PY) benchmarks/bench_stream.py
 
 clean:
 	rm -rf $(VENV) demo_runs bench_out .pytest_cache
