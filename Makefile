@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo bench torture clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test-fast: install
 
 demo: install
 	$(PY) examples/demo.py --self-check
+
+# 50 kills at random instants (half aimed inside save_state), total_limit 1 then 3, a new seed each time.
+torture: install
+	TORTURE_KILLS=50 TORTURE_LIMITS=1,3 TORTURE_SEED=$${TORTURE_SEED:-$$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')} \
+		$(PY) -m pytest -q -s tests/test_torture.py
 
 bench: install
 	$(PY) benchmarks/bench_loader.py

@@ -15,6 +15,7 @@ from .errors import (
     StatefulLoaderError,
     UnsupportedConfigError,
 )
+from .dcp import LoaderCheckpoint
 from .dispatch import DispatchDataLoader
 from .iterable import IterableShardDataLoader
 from .roundrobin import RoundRobinDataset, RoundRobinLoader
@@ -34,6 +35,7 @@ __all__ = [
     "HFShards",
     "IterableShardDataLoader",
     "LifecycleError",
+    "LoaderCheckpoint",
     "LoaderState",
     "LogicalShardStream",
     "Mismatch",

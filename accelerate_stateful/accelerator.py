@@ -219,6 +219,13 @@ class Accelerator(accelerate.Accelerator):
             source = str(_files.state_file(checkpoint, index, rank))
             state = _files.read_loader_state(checkpoint, index, rank)
             S.check_shape(state, source)
+            written = state[S.TOPOLOGY].get("world_size")
+            if written != saved_world:
+                raise CheckpointError(
+                    f"{source} was written by world_size={written}, but "
+                    f"{Path(checkpoint) / _files.SUBDIR / _files.MANIFEST} says world_size={saved_world}; the "
+                    "checkpoint mixes files of different runs, resume from another checkpoint"
+                )
             if loader.needs_all_ranks(state):
                 every = [state if r == rank else _files.read_loader_state(checkpoint, index, r)
                          for r in range(saved_world)]

@@ -211,7 +211,10 @@ class LoaderCheckpoint(Stateful):
                 "damaged, resume from another checkpoint"
             ) from None
         if not isinstance(envelope, dict) or "state" not in envelope:
-            raise CheckpointError(f"{where} holds JSON that is not a loader envelope; the checkpoint is damaged")
+            raise CheckpointError(
+                f"{where} holds JSON that is not a loader envelope; the checkpoint is damaged, resume from another "
+                "checkpoint"
+            )
         self._check_envelope(index, envelope)
         return _files.decode(envelope["state"], tensors, where)
 

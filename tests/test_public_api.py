@@ -12,6 +12,7 @@ INTENDED = [
     "HFShards",
     "IterableShardDataLoader",
     "LifecycleError",
+    "LoaderCheckpoint",
     "LoaderState",
     "LogicalShardStream",
     "Mismatch",
