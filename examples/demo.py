@@ -1,31 +1,28 @@
-"""Kill a 2-process training run mid-epoch, restart it with the same command, and prove nothing changed.
+"""Kill a 2-process training run mid-epoch, restart it on 2 and on 3 processes, and prove nothing is lost.
 
-``make demo`` runs ``examples/train.py`` under ``accelerate launch`` (two CPU
-processes on gloo) twice:
+``make demo`` runs ``examples/train.py`` under ``accelerate launch`` (CPU
+processes on gloo):
 
-1. ``demo_runs/reference``: uninterrupted, start to finish.
+1. ``demo_runs/reference``: two processes, uninterrupted, start to finish.
 2. ``demo_runs/interrupted``: killed with SIGKILL mid-epoch (every process of
    the job, data-loading workers included), then started again with the very
    same command, which resumes from the newest complete checkpoint; by default
-   it is killed twice, in epochs 1 and 2.
+   it is killed twice, in epochs 1 and 2. ``_verify`` requires every rank to
+   train exactly the reference's batches (see its docstring).
+3. ``demo_runs/elastic``: a copy of the interrupted run as the first kill left
+   it, resumed by the same command on 3 processes (and 1 worker each instead
+   of 2), to the end. ``_elastic`` requires the rest of the interrupted epoch
+   to be delivered exactly once across the new ranks, later epochs to be a
+   fresh 3-process run's, and every rank's batches to equal an in-process
+   simulation of the chain (see its docstring).
 
-Each rank of each run logs one JSON line per batch it trains on. The verifier
-rebuilds the interrupted run's effective stream (for a step trained twice, the
-copy from the later process) and requires, on every rank, the same steps,
-epochs, sample ids in the same order, batch boundaries and losses as the
-reference; the steps re-trained after a resume must repeat exactly what the
-killed run had trained; and every epoch must cover the dataset, with no
-sample repeated across ranks beyond the reference's own end-of-epoch padding.
-
-``--self-check`` then damages copies of the interrupted streams (two ids
-swapped, a batch dropped, a replayed step changed) and requires the verifier
-to reject each one. The exit status is non-zero on any failure.
+``--self-check`` then damages copies of the streams and requires both
+verifiers to reject each one. The exit status is non-zero on any failure.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import json
 import os
@@ -35,322 +32,26 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import psutil
 
-from accelerate_stateful import latest_checkpoint
+# The demo's modules sit next to it: importable whether this file runs as a script or is loaded by its path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _elastic  # noqa: E402
+import _verify  # noqa: E402
+import train  # noqa: E402
+from _verify import DemoError, Verdict, is_json, print_verdict, verify  # noqa: E402
+from accelerate_stateful import latest_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
-# What must match between the reference and the resumed run, in the order a difference is reported.
-FIELDS = ("step", "epoch", "batch", "ids", "loss")
 # What the demo writes under --out besides its *.log files; anything else there is not the demo's to delete.
-OUTPUTS = ("reference", "interrupted", "self_check")
+OUTPUTS = ("reference", "interrupted", "elastic", "self_check")
 # Launcher settings that would otherwise leak in from the caller's shell and change the job.
 LEAKY_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-class DemoError(Exception):
-    """The demo could not run as planned (a launch failed, a kill point was never reached)."""
-
-
-# --------------------------------------------------------------------------- reading streams
-@dataclass
-class Attempt:
-    """One process start of a run: its start record and the batches it trained, in order."""
-
-    start: dict
-    batches: list[dict] = field(default_factory=list)
-
-
-def read_stream(path: Path) -> list[Attempt]:
-    """Split a rank's stream into attempts; a line cut short by a kill may only end an attempt."""
-    attempts: list[Attempt] = []
-    torn_at = None
-    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            torn_at = number
-            continue
-        if record["event"] == "start":
-            attempts.append(Attempt(record))
-        elif not attempts:
-            raise DemoError(f"{path}:{number}: a batch record before any start record")
-        elif torn_at is not None:
-            raise DemoError(f"{path}:{torn_at}: damaged line in the middle of attempt {len(attempts) - 1}")
-        else:
-            attempts[-1].batches.append(record)
-        torn_at = None
-    return attempts
-
-
-def first_difference(want: dict, got: dict) -> Optional[str]:
-    """The first of ``FIELDS`` where ``got`` differs from ``want``, said in words; None when they agree."""
-    for name in FIELDS:
-        if want.get(name) != got.get(name):
-            return f"{name} {got.get(name)} instead of {want.get(name)}"
-    return None
-
-
-# --------------------------------------------------------------------------- verifying
-@dataclass
-class Resume:
-    """A restart: what it loaded, where that put it, and how many steps it trained a second time."""
-
-    attempt: int
-    checkpoint: Optional[str]
-    epoch: int
-    batch: int
-    step: int
-    replayed: int = 0
-    replay_mismatches: int = 0
-
-
-@dataclass
-class RankReport:
-    """One rank's result: its effective stream and everything found wrong with it."""
-
-    rank: int
-    effective: list[dict]
-    attempts: int
-    resumes: list[Resume]
-    problems: list[str]
-
-
-def effective_stream(attempts: list[Attempt], problems: list[str]) -> tuple[list[dict], list[Resume]]:
-    """The batches that count: for a step trained more than once, the later process's copy.
-
-    Also checks that each attempt starts right after the step it restored and
-    that a re-trained step repeats exactly what the killed process trained.
-    """
-    by_step: dict[int, dict] = {}
-    resumes = []
-    for index, attempt in enumerate(attempts):
-        start = attempt.start
-        resume = Resume(index, start["resumed_from"], start["epoch"], start["batch"], start["step"])
-        if index:
-            resumes.append(resume)
-        previous = start["step"]
-        for line in attempt.batches:
-            if line["step"] != previous + 1:
-                problems.append(f"attempt {index} goes from step {previous} to step {line['step']}")
-            previous = line["step"]
-            if line["step"] in by_step:
-                resume.replayed += 1
-                diff = first_difference(by_step[line["step"]], line)
-                if diff:
-                    resume.replay_mismatches += 1
-                    problems.append(f"step {line['step']} re-trained after resume {index} differs from the "
-                                    f"killed run: {diff}")
-            by_step[line["step"]] = line
-    return [by_step[step] for step in sorted(by_step)], resumes
-
-
-def verify_rank(
-    rank: int, reference: list[Attempt], interrupted: list[Attempt], expected: Optional[list[Optional[str]]]
-) -> RankReport:
-    """Compare one rank's interrupted run with its reference; ``expected`` as in :func:`verify`."""
-    problems: list[str] = []
-    if len(reference) != 1:
-        problems.append(f"the reference run has {len(reference)} process starts; it must run once, uninterrupted")
-    want, _ = effective_stream(reference, problems)
-    got, resumes = effective_stream(interrupted, problems)
-    if expected is not None:
-        problems += resume_problems(resumes, expected)
-    for reference_line, line in zip(want, got):
-        diff = first_difference(reference_line, line)
-        if diff:
-            problems.append(f"first difference from the reference at step {reference_line['step']}: {diff}")
-            break
-    if len(want) != len(got):
-        problems.append(f"the reference trained {len(want)} steps, the interrupted run {len(got)}")
-    return RankReport(rank, got, len(interrupted), resumes, problems)
-
-
-def resume_problems(resumes: list[Resume], expected: list[Optional[str]]) -> list[str]:
-    """Each restart must load the newest checkpoint that was complete when the job was killed."""
-    if len(resumes) != len(expected):
-        return [f"{len(resumes)} restarts logged, {len(expected)} kills made"]
-    return [
-        f"restart {resume.attempt} loaded {resume.checkpoint}, but the newest complete checkpoint was {newest}"
-        for resume, newest in zip(resumes, expected)
-        if resume.checkpoint != newest
-    ]
-
-
-def epoch_ids(streams: list[list[dict]]) -> dict[int, list[int]]:
-    """Every sample id trained in each epoch, all ranks together."""
-    ids: dict[int, list[int]] = collections.defaultdict(list)
-    for stream in streams:
-        for line in stream:
-            ids[line["epoch"]].extend(line["ids"])
-    return ids
-
-
-def check_epochs(reference: list[list[dict]], interrupted: list[list[dict]], size: int) -> tuple[list[str], list[str]]:
-    """Each epoch covers the dataset; repeats across ranks are only the reference's own padding."""
-    notes, problems = [], []
-    want_ids, got_ids = epoch_ids(reference), epoch_ids(interrupted)
-    for epoch in sorted(set(want_ids) | set(got_ids)):
-        want, got = _repeats(want_ids[epoch]), _repeats(got_ids[epoch])
-        missing = set(range(size)) - set(got_ids[epoch])
-        if missing:
-            problems.append(f"epoch {epoch}: {len(missing)} samples never trained, e.g. {sorted(missing)[:5]}")
-        if got != want:
-            problems.append(f"epoch {epoch}: samples trained more than once across ranks {dict(got)}, in the "
-                            f"reference {dict(want)}")
-        else:
-            notes.append(f"epoch {epoch}: {size - len(missing)}/{size} samples, {sum(got.values())} trained twice "
-                         "across ranks, exactly the reference's end-of-epoch padding")
-    return notes, problems
-
-
-def _repeats(ids: list[int]) -> collections.Counter:
-    """How many extra times each id occurs."""
-    counts = collections.Counter(ids)
-    return counts - collections.Counter(counts.keys())
-
-
-@dataclass
-class Verdict:
-    """The whole comparison: a report per rank and the epoch coverage across ranks."""
-
-    ranks: list[RankReport]
-    epoch_notes: list[str]
-    epoch_problems: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return not self.epoch_problems and not any(r.problems for r in self.ranks)
-
-
-def verify(
-    reference_dir: Path, interrupted_dir: Path, expected_checkpoints: Optional[list[Optional[str]]] = None
-) -> Verdict:
-    """Compare the interrupted run's streams with the reference's, rank by rank and epoch by epoch.
-
-    Args:
-        reference_dir: Output folder of the uninterrupted run.
-        interrupted_dir: Output folder of the run that was killed and restarted.
-        expected_checkpoints: For each kill, the name of the newest complete
-            checkpoint at that moment (what the restart must load); not checked when None.
-    """
-    paths = sorted(reference_dir.glob("stream_rank*.jsonl"))
-    if not paths:
-        raise DemoError(f"no stream_rank*.jsonl under {reference_dir}")
-    reports, reference = [], []
-    for rank, path in enumerate(paths):
-        ref = read_stream(path)
-        other = interrupted_dir / path.name
-        run = read_stream(other) if other.exists() else []
-        reports.append(verify_rank(rank, ref, run, expected_checkpoints))
-        reference.append(effective_stream(ref, [])[0])
-        size = ref[0].start["dataset_size"]
-    notes, problems = check_epochs(reference, [r.effective for r in reports], size)
-    return Verdict(reports, notes, problems)
-
-
-def print_verdict(verdict: Verdict) -> None:
-    for report in verdict.ranks:
-        steps = len(report.effective)
-        print(f"  rank {report.rank}: {steps} steps over {report.attempts} process starts "
-              f"({len(report.resumes)} kills)")
-        for resume in report.resumes:
-            where = resume.checkpoint or "nothing (fresh start)"
-            replayed = f"{resume.replayed} step{'s' * (resume.replayed != 1)} re-trained"
-            same = (f"{resume.replay_mismatches} DIFFERENT from" if resume.replay_mismatches else "identical to")
-            print(f"    resume {resume.attempt}: from {where} at epoch {resume.epoch}, batch {resume.batch} "
-                  f"(step {resume.step}); {replayed}, {same} what the killed run trained")
-        print("    " + ("; ".join(report.problems) if report.problems else
-                        "stream vs reference: IDENTICAL (steps, epochs, sample ids and order, batches, losses)"))
-    for note in verdict.epoch_notes:
-        print(f"  {note}")
-    for problem in verdict.epoch_problems:
-        print(f"  PROBLEM {problem}")
-
-
-# --------------------------------------------------------------------------- self-check
-def _last_attempt_start(records: list[dict]) -> int:
-    return max(i for i, r in enumerate(records) if r["event"] == "start")
-
-
-def swap_two_ids(records: list[dict]) -> bool:
-    """Swap two ids inside a batch that only the last process trained (so only the reference can tell)."""
-    last = _last_attempt_start(records)
-    earlier = {r["step"] for r in records[:last] if r["event"] == "batch"}
-    for record in records[last:]:
-        if record["event"] == "batch" and record["step"] not in earlier and len(set(record["ids"])) > 1:
-            ids = record["ids"]
-            ids[0], ids[-1] = ids[-1], ids[0]
-            return True
-    return False
-
-
-def drop_a_batch(records: list[dict]) -> bool:
-    """Drop a batch from the middle of the last attempt."""
-    batches = [i for i, r in enumerate(records) if r["event"] == "batch" and i > _last_attempt_start(records)]
-    if len(batches) < 2:
-        return False
-    del records[batches[len(batches) // 2]]
-    return True
-
-
-def change_a_replayed_step(records: list[dict]) -> bool:
-    """Change what the killed run trained at a step that the resumed run trained again."""
-    last = _last_attempt_start(records)
-    retrained = {r["step"] for r in records[last:] if r["event"] == "batch"}
-    for record in records[:last]:
-        if record["event"] == "batch" and record["step"] in retrained:
-            record["ids"] = list(reversed(record["ids"])) if len(set(record["ids"])) > 1 else [-1]
-            return True
-    return False
-
-
-PERTURBATIONS: dict[str, Callable[[list[dict]], bool]] = {
-    "two ids swapped in a batch after the last resume": swap_two_ids,
-    "a resumed batch dropped": drop_a_batch,
-    "a re-trained step changed in the killed run": change_a_replayed_step,
-}
-
-
-REJECTED, MISSED, NOT_APPLICABLE = "rejected", "NOT DETECTED", "not applicable"
-
-
-def self_check(reference_dir: Path, interrupted_dir: Path, work_dir: Path) -> dict[str, str]:
-    """Damage copies of rank 0's interrupted stream and verify each; maps each damage to its outcome.
-
-    The outcome is ``REJECTED`` (the verifier caught it), ``MISSED`` (it did
-    not: the verifier is broken) or ``NOT_APPLICABLE`` (e.g. no step was re-trained).
-    """
-    stream = interrupted_dir / "stream_rank0.jsonl"
-    records = [json.loads(line) for line in stream.read_text("utf-8").splitlines() if _is_json(line)]
-    outcomes = {}
-    for name, perturb in PERTURBATIONS.items():
-        damaged = json.loads(json.dumps(records))
-        if not perturb(damaged):
-            outcomes[name] = NOT_APPLICABLE
-            print(f"  self-check: {name}: {NOT_APPLICABLE} to this run")
-            continue
-        copy = work_dir / name.replace(" ", "_")
-        shutil.copytree(interrupted_dir, copy, ignore=shutil.ignore_patterns("checkpoints", "*.log"))
-        (copy / stream.name).write_text("".join(json.dumps(r) + "\n" for r in damaged), "utf-8")
-        verdict = verify(reference_dir, copy)
-        found = verdict.ranks[0].problems + verdict.epoch_problems
-        outcomes[name] = MISSED if verdict.ok else REJECTED
-        print(f"  self-check: {name}: {outcomes[name]}" + (f": {found[0]}" if found else ""))
-    return outcomes
-
-
-def _is_json(line: str) -> bool:
-    try:
-        json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- running
@@ -360,13 +61,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_command(out: Path, args: argparse.Namespace, port: int, sleep: float) -> list[str]:
+def train_args(out: Path, args: argparse.Namespace, sleep: float, workers: int) -> list[str]:
+    """The arguments of ``train.py``; the elastic check rebuilds the run's loader from them."""
     return [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(port), str(TRAIN), "--out", str(out), "--num-workers", str(args.num_workers),
-        "--epochs", str(args.epochs), "--save-every", str(args.save_every), "--sleep", str(sleep),
-        "--samples", str(args.samples), "--batch-size", str(args.batch_size),
+        "--out", str(out), "--num-workers", str(workers), "--epochs", str(args.epochs), "--save-every",
+        str(args.save_every), "--sleep", str(sleep), "--samples", str(args.samples), "--batch-size",
+        str(args.batch_size),
+    ]
+
+
+def launch_command(out: Path, args: argparse.Namespace, port: int, sleep: float, processes: int = 2,
+                   workers: Optional[int] = None) -> list[str]:
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+        str(port), str(TRAIN), *train_args(out, args, sleep, args.num_workers if workers is None else workers),
     ]
 
 
@@ -441,7 +150,7 @@ def progress(stream: Path, attempt: int) -> Optional[dict]:
     if not stream.exists():
         return None
     for line in reversed(stream.read_text("utf-8").splitlines()):
-        record = json.loads(line) if _is_json(line) else None
+        record = json.loads(line) if is_json(line) else None
         if record is not None and record["attempt"] == attempt and record["event"] == "batch":
             return record
     return None
@@ -496,7 +205,7 @@ def _batches_per_epoch(stream: Path) -> Optional[int]:
     if not stream.exists():
         return None
     first = stream.read_text("utf-8").split("\n", 1)[0]
-    return json.loads(first)["batches_per_epoch"] if _is_json(first) else None
+    return json.loads(first)["batches_per_epoch"] if is_json(first) else None
 
 
 # --------------------------------------------------------------------------- main
@@ -513,12 +222,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="kill once rank 0 trained this fraction of this epoch; with ':save', on the next "
                              "checkpoint step, while the checkpoint is written (repeatable; default 1:0.5 and "
                              "2:0.3:save)")
+    parser.add_argument("--elastic-processes", type=int, default=3,
+                        help="processes that resume a copy of the job the first kill left (0: skip that part)")
+    parser.add_argument("--elastic-workers", type=int, default=1, help="data-loading workers of that resume")
     parser.add_argument("--self-check", action="store_true", help="also check that damaged streams are rejected")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per launch")
     args = parser.parse_args(argv)
     args.kill_at = sorted(args.kill_at or [KillPoint(1, 0.5, False), KillPoint(2, 0.3, True)])
     if any(point.epoch >= args.epochs for point in args.kill_at):
         parser.error(f"every --kill-at epoch must be below --epochs={args.epochs}")
+    if args.elastic_processes in (1, 2) or args.elastic_processes < 0:
+        parser.error(f"--elastic-processes must be 0 (skip) or 3 or more (the run has 2), got {args.elastic_processes}")
     return args
 
 
@@ -549,14 +263,22 @@ def fresh_output(out: Path) -> None:
     out.mkdir(parents=True)
 
 
-def run_demo(args: argparse.Namespace) -> Verdict:
+class Outcome(NamedTuple):
+    """What the demo found: the same-size verdict, the elastic one (None when skipped), the self-check's."""
+
+    verdict: Verdict
+    elastic: Optional[_elastic.ElasticVerdict]
+    self_check: dict[str, str]
+
+
+def run_demo(args: argparse.Namespace) -> Outcome:
     fresh_output(args.out)
     port = free_port()
-    reference, interrupted = args.out / "reference", args.out / "interrupted"
-    print(f"[1/3] reference run, uninterrupted -> {reference}")
+    reference, interrupted, elastic = (args.out / name for name in OUTPUTS[:3])
+    print(f"[1/4] reference run, uninterrupted -> {reference}")
     run_to_end(launch_command(reference, args, port, sleep=0.0), args.out / "reference.log", args.timeout)
     command = launch_command(interrupted, args, port, sleep=args.sleep)
-    print(f"[2/3] interrupted run -> {interrupted}\n      command: ACCELERATE_USE_CPU=1 {' '.join(command)}")
+    print(f"[2/4] interrupted run -> {interrupted}\n      command: ACCELERATE_USE_CPU=1 {' '.join(command)}")
     newest = []
     for attempt, point in enumerate(args.kill_at):
         last = run_until(command, args.out / f"interrupted.{attempt}.log", interrupted, attempt, point, args)
@@ -565,11 +287,45 @@ def run_demo(args: argparse.Namespace) -> Verdict:
         cut = f", leaving {', '.join(cut)} incomplete (no manifest)" if cut else ""
         print(f"    SIGKILL to the whole job after step {last['step']} (epoch {last['epoch']}, batch "
               f"{last['batch']}){cut}; newest complete checkpoint: {newest[-1]}. Same command again:")
+        if attempt == 0 and args.elastic_processes:
+            shutil.copytree(interrupted, elastic)  # part 4 resumes this copy on another number of processes
     run_to_end(command, args.out / f"interrupted.{len(args.kill_at)}.log", args.timeout)
-    print("[3/3] verifying the interrupted run against the reference")
+    print("[3/4] verifying the interrupted run against the reference")
     verdict = verify(reference, interrupted, newest)
     print_verdict(verdict)
-    return verdict
+    outcomes = _verify.self_check(reference, interrupted, args.out / "self_check") if args.self_check else {}
+    elastic_verdict = None
+    if args.elastic_processes:
+        elastic_verdict, checked = run_elastic(elastic, args, port)
+        outcomes.update(_elastic.self_check(*checked) if args.self_check else {})
+    return Outcome(verdict, elastic_verdict, outcomes)
+
+
+def run_elastic(run: Path, args: argparse.Namespace, port: int) -> tuple[_elastic.ElasticVerdict, tuple]:
+    """Resume the copy of the job the first kill left on ``--elastic-processes`` processes, to the end; check it.
+
+    Returns the verdict and the arguments it was drawn from (for the self-check).
+    """
+    path = latest_checkpoint(run / "checkpoints")
+    if path is None:
+        raise DemoError("the first kill left no complete checkpoint to resume on other processes; move the first "
+                        "--kill-at later")
+    checkpoint, states = _elastic.read_states(path)  # now: the new run's rotation will delete the folder
+    world, workers = args.elastic_processes, args.elastic_workers
+    command = launch_command(run, args, port, sleep=args.sleep, processes=world, workers=workers)
+    print(f"[4/4] elastic resume: the job as the first kill left it ({checkpoint.name}, copied to {run}), "
+          f"the same command with --num_processes {world} and --num-workers {workers}:\n"
+          f"      command: ACCELERATE_USE_CPU=1 {' '.join(command)}")
+    log = args.out / "elastic.log"
+    run_to_end(command, log, args.timeout)
+    print(f"  checking it against {world} ranks simulated in this process, each loading {checkpoint.name}'s "
+          "loader state")
+    simulated = train.parse_args(train_args(run, args, args.sleep, workers=0))
+    sim = _elastic.simulate(lambda: train.make_loader(simulated), states, world, args.epochs)
+    checked = (_elastic.read_streams(run, max(2, world)), checkpoint, sim, log.read_text("utf-8", errors="replace"))
+    verdict = _elastic.verify_elastic(*checked)
+    _elastic.print_elastic(verdict)
+    return verdict, checked
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -582,22 +338,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     began = time.monotonic()
     try:
-        verdict = run_demo(args)
-        outcomes = self_check(args.out / "reference", args.out / "interrupted", args.out / "self_check") \
-            if args.self_check else {}
+        outcome = run_demo(args)
     except DemoError as exc:
         print(f"DEMO FAILED: {exc}")
         return 2
     elapsed = time.monotonic() - began
-    if not verdict.ok:
+    if not outcome.verdict.ok:
         print(f"RESULT: DIFFERENT: the resumed run did not continue exactly ({elapsed:.0f}s)")
         return 1
-    missed = [name for name, outcome in outcomes.items() if outcome == MISSED]
+    if outcome.elastic is not None and not outcome.elastic.ok:
+        print(f"RESULT: DIFFERENT: the resume on {args.elastic_processes} processes broke its promise "
+              f"({elapsed:.0f}s)")
+        return 1
+    missed = [name for name, result in outcome.self_check.items() if result == _verify.MISSED]
     if missed:
         print(f"RESULT: SELF-CHECK FAILED: the verifier accepted damaged streams: {', '.join(missed)}")
         return 1
-    print(f"RESULT: IDENTICAL: {len(args.kill_at)} kills, every rank trained exactly the reference's batches "
-          f"({elapsed:.0f}s)")
+    elastic = "" if outcome.elastic is None else (
+        f"; ELASTIC OK: resumed on {args.elastic_processes} processes, every rank exactly as simulated")
+    print(f"RESULT: IDENTICAL: {len(args.kill_at)} kills, every rank trained exactly the reference's batches"
+          f"{elastic} ({elapsed:.0f}s)")
     return 0
 
 

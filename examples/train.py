@@ -7,6 +7,10 @@ Launch it with Accelerate (two CPU processes on gloo shown here)::
 Kill it (``kill -9`` the whole job) and run the same command again: it resumes
 from the newest complete checkpoint under ``<out>/checkpoints`` and every rank
 continues with exactly the batches it would have seen had nothing happened.
+Run it again with another ``--num_processes`` (and ``--num-workers``) instead,
+and the rest of the interrupted epoch is dealt out to the new processes, each
+sample not yet trained exactly once; later epochs are those of a fresh run on
+that many processes.
 
 Besides training, each rank appends one JSON line per batch to
 ``<out>/stream_rank<r>.jsonl`` (global step, epoch, batch index in the epoch,
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -134,12 +139,23 @@ def announce(accelerator: Accelerator, loader: Any, progress: Progress, resumed_
     return stream, attempt
 
 
+def show_package_log(accelerator: Accelerator) -> None:
+    """Print the package's lines on the main process: where each resume starts, and a change of world size."""
+    if accelerator.is_main_process:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(name)s] %(levelname)s: %(message)s"))
+        package = logging.getLogger("accelerate_stateful")
+        package.addHandler(handler)
+        package.setLevel(logging.INFO)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     accelerator = Accelerator(
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
         project_config=ProjectConfiguration(project_dir=str(args.out), automatic_checkpoint_naming=True, total_limit=3),
     )
+    show_package_log(accelerator)
     set_seed(args.seed)  # the model's initial weights; a restart loads the trained ones over them
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
