@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
@@ -13,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, defa
 from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
-from ._stream import is_stateful
+from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
 from .errors import StatefulLoaderError, UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
@@ -134,7 +133,7 @@ class RoundRobinLoader(DataLoaderAdapter):
         self._drop_last = drop_last
         self._taken = 0
         self._source_state: Optional[dict] = None  # where the epoch's source resumes; None: its start
-        self._initial = copy.deepcopy(dataset.source.state_dict()) if is_stateful(dataset.source) else None
+        self._position = DatasetPosition(dataset.source) if is_stateful(dataset.source) else None
         self._snapshots: dict[int, dict] = {}
         self._keep = (loader_settings.get("prefetch_factor") or 2) * max(loader_settings.get("num_workers", 0), 1) + 4
         self.replayed_samples = 0
@@ -179,13 +178,11 @@ class RoundRobinLoader(DataLoaderAdapter):
     def _read_batches(self) -> Iterator[list]:
         source = self._dataset.source
         replay = 0
-        if is_stateful(source):
-            saved = self._source_state["dataset"] if self._source_state is not None else self._initial
-            source.load_state_dict(copy.deepcopy(saved))
+        if self._position is not None:
+            self._position.open(unpack(self._source_state)["dataset"] if self._source_state is not None else None)
         elif self._source_state is not None:
             replay = self._source_state["items"]
-        if hasattr(source, "set_epoch"):
-            source.set_epoch(self._epoch)
+        set_epoch(source, self._epoch)
         stream = self._dataset.open()
         read = replay
         for _ in itertools.islice(stream, replay):
@@ -200,8 +197,7 @@ class RoundRobinLoader(DataLoaderAdapter):
             yield items
 
     def _snapshot(self, read: int) -> dict:
-        source = self._dataset.source
-        return {"dataset": copy.deepcopy(source.state_dict())} if is_stateful(source) else {"items": read}
+        return self._position.record() if self._position is not None else {"items": read}
 
     # ----------------------------------------------------------------- position hooks
     def _batches(self) -> Iterator[Any]:
@@ -229,7 +225,7 @@ class RoundRobinLoader(DataLoaderAdapter):
         return self._taken
 
     def _position_state(self) -> dict:
-        return {S.BATCHES_YIELDED: self._taken, SOURCE: self._source_state}
+        return {S.BATCHES_YIELDED: self._taken, SOURCE: unpack(self._source_state) if self._source_state else None}
 
     def _config(self) -> dict:
         return {"batch_size": self._batch_size, "drop_last": self._drop_last,

@@ -121,6 +121,7 @@ class HFShards(IterableDataset):
 
     def open_shard(self, index: int, position: Optional[Any]) -> _HFShardReader:
         shard = self.dataset.shard(num_shards=self.dataset.n_shards, index=index, contiguous=True)
+        shard.set_epoch(self.dataset.epoch)  # a shard starts at epoch 0: a shuffled stream reshuffles by epoch
         if position is not None:
             shard.load_state_dict(copy.deepcopy(position))
         return _HFShardReader(shard)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 
@@ -60,3 +61,35 @@ class OpaqueStream(IterableDataset):
 
 def read_log(log_dir: Path) -> list[int]:
     return sorted(int(line) for path in log_dir.glob("read_*") for line in path.read_text().split())
+
+
+class HeavyStateStream(CountingStream):
+    """A stream whose state is large (a tensor bigger than a pipe's buffer) and whose position lives in a list.
+
+    With ``live=True``, ``state_dict()`` returns its own list and tensor, which later reads change in place:
+    a snapshot kept by reference would report a later position than the batch it was taken after.
+    """
+
+    def __init__(self, n: int, live: bool, payload: int = 100_000) -> None:
+        super().__init__(n)
+        self.live = live
+        self.cursor = [0]
+        self.payload = torch.zeros(payload, dtype=torch.int64)
+
+    def state_dict(self) -> dict:
+        if self.live:
+            return {"cursor": self.cursor, "payload": self.payload}
+        return {"cursor": list(self.cursor), "payload": self.payload.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = list(state["cursor"])
+        self.payload = state["payload"].clone()
+        assert int(self.payload[0]) == self.cursor[0], "the payload does not belong to this position"
+
+    def __iter__(self):
+        mine = _share(self.n, self.epoch)
+        while self.cursor[0] < len(mine):
+            item = mine[self.cursor[0]]
+            self.cursor[0] += 1
+            self.payload[0] = self.cursor[0]  # in place, as a buffer or a generator state changes
+            yield item

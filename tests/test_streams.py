@@ -6,6 +6,7 @@ import itertools
 import logging
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import (
@@ -16,7 +17,7 @@ from accelerate_stateful import (
 )
 
 from harness import check_resumes, run_loop, save_points
-from streams import CountingStream, OpaqueStream, read_log
+from streams import CountingStream, HeavyStateStream, OpaqueStream, read_log
 
 EPOCHS = 3
 
@@ -163,3 +164,34 @@ def test_a_stream_state_is_complete_before_the_first_batch():
     next(it)
     assert set(before) == set(loader.state_dict())
     assert set(before["stream"]) == set(loader.state_dict()["stream"])
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["live-state", "fresh-state"])
+@pytest.mark.parametrize("world,workers", [(1, 0), (1, 2), (2, 2)])
+def test_a_large_state_with_tensors_resumes_exactly_and_never_blocks_a_worker(live, world, workers):
+    # 800 KB per state, more than a pipe holds: a worker whose stream ends sends its ring while the main
+    # process waits for it; a state returned by reference changes under it after the batch.
+    def factory(rank, stream):
+        def make():
+            dl = DataLoader(stream(23), batch_size=2, num_workers=workers)
+            return IterableShardDataLoader.from_dataloader(dl, DistContext(rank, world))
+
+        return make
+
+    for rank in sorted({0, world - 1}):
+        make = factory(rank, lambda n: HeavyStateStream(n, live))
+        reference, _ = run_loop(make(), 2)
+        assert reference == run_loop(factory(rank, CountingStream)(), 2)[0]  # the same ids as a light state
+        check_resumes(make, 2, chains_for(reference, workers), reference, rank)
+
+
+def test_a_state_is_copied_only_when_state_dict_returns_parts_that_change_later():
+    from accelerate_stateful._snapshot import shares_mutable_parts as shares
+
+    buffer, tensor = [1, 2], torch.arange(4)
+    assert shares({"b": buffer}, {"b": buffer})
+    assert not shares({"b": list(buffer)}, {"b": list(buffer)})
+    assert shares({"t": tensor}, {"t": tensor[1:]})  # a view of the same memory
+    assert not shares({"t": tensor.clone()}, {"t": tensor.clone()})
+    assert shares({"nested": ({"b": buffer},)}, {"nested": ({"b": buffer},)})
+    assert not shares({"pos": 3, "name": "x", "t": (1, 2)}, {"pos": 3, "name": "x", "t": (1, 2)})
