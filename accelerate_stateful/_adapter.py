@@ -98,6 +98,13 @@ class DataLoaderAdapter(Stateful):
         """Batches of the current epoch already handed to the training loop (progress bars)."""
         return self._batches_taken()
 
+    def progress(self) -> Optional[float]:
+        """The part of the current epoch already taken, from 0 to 1; ``None`` for a stream without a length."""
+        try:
+            return min(self.batches_yielded / len(self), 1.0)
+        except (TypeError, ZeroDivisionError):
+            return None
+
     def unwrap(self) -> DataLoader:
         """The base loader this adapter drives."""
         return self._base

@@ -251,10 +251,8 @@ class Accelerator(accelerate.Accelerator):
 
 def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path) -> None:
     """One line saying where the loader resumes, and the change of topology it handles."""
-    try:
-        progress = f"{100 * loader.batches_yielded / len(loader):.1f}%"
-    except (TypeError, ZeroDivisionError):
-        progress = f"batch {loader.batches_yielded}"
+    done = loader.progress()
+    progress = f"batch {loader.batches_yielded}" if done is None else f"{100 * done:.1f}%"
     now = f"{loader.ctx.world_size} ranks x {loader.num_workers} workers"
     saved = state["topology"]
     was = f"{saved.get('world_size')} x {saved.get('num_workers')}"

@@ -236,6 +236,10 @@ class ShardDataLoader(DataLoaderAdapter):
     def _batches_taken(self) -> int:
         return self._plan.steps_for(self._consumed)
 
+    def progress(self) -> Optional[float]:
+        """Samples of the epoch taken by all ranks together (after an elastic resume too), from 0 to 1."""
+        return self._consumed / self._order.num_samples if self._order.num_samples else None
+
     def _position_state(self) -> dict:
         return {
             S.SAMPLES_CONSUMED: self._consumed,

@@ -102,7 +102,7 @@ N, NEW_WORLD, LAST_EPOCH = 23, 3, 2  # epochs 0..2; the checkpoint is 2 steps in
 OLD_STEPS = -(-N // (BATCH * WORLD))  # 4 steps of 6 samples per epoch on 2 ranks
 CONSUMED = 2 * BATCH * WORLD  # 12 of epoch 1's 23 samples taken before the checkpoint
 CHECKPOINT = _elastic.Checkpoint("checkpoint_1", epoch=1, consumed=CONSUMED, world=WORLD, workers=2, num_samples=N)
-TOPOLOGY_LOG = ("[accelerate_stateful.accelerator] WARNING: loader 0: resuming epoch 1 at 0.0% on 3 ranks x 1 "
+TOPOLOGY_LOG = ("[accelerate_stateful.accelerator] WARNING: loader 0: resuming epoch 1 at 52.2% on 3 ranks x 1 "
                 "workers (was 2 x 2) from runs/checkpoints/checkpoint_1")
 
 

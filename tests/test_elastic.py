@@ -135,3 +135,17 @@ def test_the_worker_count_may_change_together_with_the_world_size():
         loader.load_state_dict(state)
     delivered = sorted(i for loader in resumed for b in loader for i in b.tolist())
     assert len(delivered) == 40 - 24 + resumed[0]._plan.padding
+
+
+def test_the_resume_log_line_reports_the_part_of_the_epoch_taken_and_the_topology_change(caplog):
+    from pathlib import Path
+
+    from accelerate_stateful.accelerator import _log_resume
+
+    _, state = take(shard(2, 0, 23, 3, drop_last=False, even=True, split=False), 2)  # 12 of 23 samples
+    resumed = shard(3, 1, 23, 3, drop_last=False, even=True, split=False)
+    resumed.load_state_dict(through_files(state))
+    with caplog.at_level("INFO", logger="accelerate_stateful"):
+        _log_resume(0, resumed, state, Path("ckpt"))
+    assert "loader 0: resuming epoch 0 at 52.2% on 3 ranks x 0 workers (was 2 x 0) from ckpt" in caplog.text
+    assert resumed.batches_yielded == 0  # the new ranks' plan starts at the first sample not yet taken
