@@ -27,27 +27,27 @@ these functions with tiny sizes so the script keeps working.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import gc
 import os
-import platform
 import random
 import statistics
 import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import accelerate
 import torch
-import torchdata
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import accelerate_stateful
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when a test loads this file
+from _common import abandon, environment, load_average, no_gc, rotated, table  # noqa: E402
 
 SEED = 1234
 FRACTIONS = (0.1, 0.5, 0.9)
@@ -144,34 +144,10 @@ def _build(name: str, accelerators: dict, dataset: Dataset, batch_size: int, num
     return accelerators[name].prepare(_user_loader(dataset, batch_size, num_workers))
 
 
-def _abandon(loader: Any) -> None:
-    """Tell Accelerate a loader we stopped early is done (its iterator has no ``finally``)."""
-    end = getattr(loader, "end", None)
-    if callable(end) and isinstance(loader, accelerate.data_loader.DataLoaderStateMixin):
-        end()
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Keep the cycle collector out of a timed region, as ``timeit`` does (collected between rounds)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _rotated(items: Sequence, round_index: int) -> list:
-    shift = round_index % len(items)
-    return list(items[shift:]) + list(items[:shift])
-
-
 # --------------------------------------------------------------------------- A: per-batch cost
 def _time_epoch(loader: Iterable) -> tuple[float, float, int]:
     """(seconds to the first batch, seconds per later batch, batches) for one full epoch."""
-    with _no_gc():
+    with no_gc():
         start = time.perf_counter()
         iterator = iter(loader)
         next(iterator)
@@ -201,7 +177,7 @@ def bench_per_batch(
     counts = {}
     for round_index in range(rounds):
         gc.collect()
-        for name in _rotated(names, round_index):
+        for name in rotated(names, round_index):
             first, steady, counts[name] = _time_epoch(loaders[name])
             firsts[name].append(first)
             steadies[name].append(steady)
@@ -246,7 +222,7 @@ def _iterate_to(loader: Any, positions: Sequence[int], snapshot: Callable[[], An
         taken += 1
     seconds = time.perf_counter() - start
     del iterator
-    _abandon(loader)
+    abandon(loader)
     return snapshots, expected, seconds
 
 
@@ -383,12 +359,12 @@ def bench_resume(
         schedule = [(name, k) for name in names for k in positions]
         random.Random(round_index).shuffle(schedule)
         for name, k in schedule:
-            with _no_gc():
+            with no_gc():
                 start = time.perf_counter()
                 batch, (loader, iterator) = methods[name].resume(k)
                 times[name][k].append(time.perf_counter() - start)
             del iterator
-            _abandon(loader)
+            abandon(loader)
             exact[name] = exact[name] and _equal(batch, expected[name][k])
     return [
         ResumeResult(
@@ -404,30 +380,6 @@ def bench_resume(
 
 
 # --------------------------------------------------------------------------- report
-def environment() -> dict:
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "accelerate": accelerate.__version__,
-        "torchdata": torchdata.__version__,
-        "accelerate_stateful": accelerate_stateful.__version__,
-        "load average at start (1/5/15 min)": _load_average(),
-    }
-
-
-def _load_average() -> str:
-    """Other work on the machine shows up in every figure; the load average says how much there was."""
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
 def per_batch_table(results: Sequence[PerBatchResult]) -> list[str]:
     bare = next((r for r in results if r.name == BARE), results[0])
     rows = [
@@ -444,7 +396,7 @@ def per_batch_table(results: Sequence[PerBatchResult]) -> list[str]:
     ]
     header = ["loader", "µs / batch (median)", "vs bare", "µs / batch (best)", "vs bare (best)",
               "first batch (ms)", "batches / epoch"]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def resume_table(results: Sequence[ResumeResult], which: str = "seconds") -> list[str]:
@@ -465,7 +417,7 @@ def resume_table(results: Sequence[ResumeResult], which: str = "seconds") -> lis
         exact = {True: "yes", False: "NO", None: "-"}[r.exact]
         cells = [f"{times[f]:.4f}" for f in fractions]
         rows.append([r.name, *cells, f"{r.growth(which):.2f}x", vs_ours, exact, position])
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def render(env: dict, sizes: dict, per_batch: dict, resume: Sequence[ResumeResult]) -> str:
@@ -523,7 +475,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("B. resume latency …", flush=True)
     samples, rounds = sizes["resume"]
     resume = bench_resume(samples, sizes["batch_size"], FRACTIONS, rounds)
-    env["load average at end (1/5/15 min)"] = _load_average()
+    env["load average at end (1/5/15 min)"] = load_average()
     env["benchmark wall time (s)"] = f"{time.perf_counter() - started:.0f}"
     report = render(env, sizes, per_batch, resume)
     print()

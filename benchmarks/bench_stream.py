@@ -38,12 +38,10 @@ with tiny sizes so the script keeps working.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import gc
 import os
 import pickle
-import platform
 import random
 import resource
 import statistics
@@ -55,12 +53,14 @@ from typing import Any, Iterator, Optional, Sequence
 
 import accelerate
 import torch
-import torchdata
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import accelerate_stateful
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when a test loads this file
+from _common import abandon, environment, load_average, no_gc, rotated, table  # noqa: E402
 
 FRACTIONS = (0.1, 0.5, 0.9)
 ITEM_COST_US = 20.0  # busy CPU work per item in C, so that replaying items costs what reading them costs
@@ -209,30 +209,6 @@ def _build(name: str, accelerators: dict, dataset: IterableDataset, batch_size: 
     return accelerators[name].prepare(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers))
 
 
-def _abandon(loader: Any) -> None:
-    """Tell Accelerate a loader we stopped early is done (its iterator has no ``finally``)."""
-    end = getattr(loader, "end", None)
-    if callable(end) and isinstance(loader, accelerate.data_loader.DataLoaderStateMixin):
-        end()
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Keep the cycle collector out of a timed region, as ``timeit`` does (collected between rounds)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _rotated(items: Sequence, round_index: int) -> list:
-    shift = round_index % len(items)
-    return list(items[shift:]) + list(items[:shift])
-
-
 def _children_cpu() -> float:
     """CPU seconds of the child processes reaped so far (a pass's workers are joined when it ends or is dropped)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -265,7 +241,7 @@ def _time_pass(loader: Any, batches: int, step_s: float = 0.0) -> tuple[float, f
     Returns (s to the first batch, s waited per later batch, main CPU s per later batch, worker CPU s per
     batch). The stream is longer than ``batches`` (see ``_stream_items``), so that no worker reaches its end.
     """
-    with _no_gc():
+    with no_gc():
         children = _children_cpu()
         start = time.perf_counter()
         iterator = iter(loader)
@@ -281,7 +257,7 @@ def _time_pass(loader: Any, batches: int, step_s: float = 0.0) -> tuple[float, f
             waited += time.perf_counter() - asked
         cpu_end = time.process_time()
         del iterator  # joins the workers, so that their CPU time is counted below
-        _abandon(loader)
+        abandon(loader)
         workers = _children_cpu() - children
     later = max(batches - 1, 1)
     return first - start, waited / later, (cpu_end - cpu) / later, workers / batches
@@ -315,7 +291,7 @@ def bench_per_batch(
     samples: dict = {name: [] for name in names}
     for round_index in range(rounds):
         gc.collect()
-        for name in _rotated(names, round_index):
+        for name in rotated(names, round_index):
             samples[name].append(_time_pass(loaders[name], batches, step_ms / 1e3))
     results = []
     for name in names:
@@ -364,19 +340,19 @@ def bench_checkpoint(
     sizes = {}
     for round_index in range(rounds):
         gc.collect()
-        for name in _rotated(names, round_index):
+        for name in rotated(names, round_index):
             loader = loaders[name]
             iterator = iter(loader)
             for taken in range(1, batches + 1):
                 next(iterator)
                 if taken % every == 0:
-                    with _no_gc():
+                    with no_gc():
                         start = time.perf_counter()
                         state = loader.state_dict()
                         times[name].append(time.perf_counter() - start)
             sizes[name] = len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)) / 1024
             del iterator
-            _abandon(loader)
+            abandon(loader)
     return [
         CheckpointResult(name, spec.label, num_workers, statistics.median(times[name]) * 1e3,
                          min(times[name]) * 1e3, sizes[name])
@@ -443,7 +419,7 @@ class _ResumeMethod:
             next(iterator)
         self.position_s = time.perf_counter() - start
         del iterator
-        _abandon(loader)
+        abandon(loader)
         self.dataset.item_cost_us = ITEM_COST_US
 
     def resume(self, position: int) -> tuple[Any, Any]:
@@ -523,12 +499,12 @@ def bench_resume(
                     if round_index < replay_rounds or not methods[name].replays]
         random.Random(round_index).shuffle(schedule)
         for name, k in schedule:
-            with _no_gc():
+            with no_gc():
                 start = time.perf_counter()
                 batch, (loader, iterator) = methods[name].resume(k)
                 times[name][k].append(time.perf_counter() - start)
             del iterator
-            _abandon(loader)
+            abandon(loader)
             exact[name] = exact[name] and torch.equal(torch.as_tensor(batch), expected[k])
     return [
         ResumeResult(
@@ -555,29 +531,6 @@ def measured_item_cost_us(items: int = 20_000) -> float:
 
 
 # --------------------------------------------------------------------------- report
-def environment() -> dict:
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "accelerate": accelerate.__version__,
-        "torchdata": torchdata.__version__,
-        "accelerate_stateful": accelerate_stateful.__version__,
-        "load average at start (1/5/15 min)": _load_average(),
-    }
-
-
-def _load_average() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
 def per_batch_table(results: Sequence[PerBatchResult]) -> list[str]:
     """The detailed table for one state and one worker count."""
     bare = next((r for r in results if r.name == BARE), results[0])
@@ -589,7 +542,7 @@ def per_batch_table(results: Sequence[PerBatchResult]) -> list[str]:
          f"{r.worker_cpu_us:.1f}" if r.num_workers else "-", f"{r.first_batch_ms:.1f}"]
         for r in results
     ]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def growth_table(by_state: dict, field: str = "us_per_batch") -> list[str]:
@@ -604,7 +557,7 @@ def growth_table(by_state: dict, field: str = "us_per_batch") -> list[str]:
             value = getattr(result, field)
             cells.append(f"{value:,.0f} ({result.ratio:.2f}x)" if field == "us_per_batch" else f"{value:,.0f}")
         rows.append([name, *cells])
-    return _table(["loader", *labels], rows)
+    return table(["loader", *labels], rows)
 
 
 def checkpoint_table(by_state: dict) -> list[str]:
@@ -617,7 +570,7 @@ def checkpoint_table(by_state: dict) -> list[str]:
             r = next(r for r in by_state[label] if r.name == name)
             cells.append(f"{r.ms:.2f} ms / {r.state_kib:,.0f} KiB")
         rows.append([name, *cells])
-    return _table(["loader", *labels], rows)
+    return table(["loader", *labels], rows)
 
 
 def resume_table(results: Sequence[ResumeResult], which: str = "seconds") -> list[str]:
@@ -635,7 +588,7 @@ def resume_table(results: Sequence[ResumeResult], which: str = "seconds") -> lis
         rows.append([r.name, *[f"{times[f]:.4f}" for f in fractions], f"{r.growth(which):.2f}x",
                      f"{times[last] / getattr(ours, which)[last]:.1f}x", "yes" if r.exact else "NO", str(r.rounds),
                      position])
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def render(
@@ -773,7 +726,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n".join(f"{key}: {value}" for key, value in env.items()), flush=True)
     started = time.perf_counter()
     results = run_all(sizes, started)
-    env["load average at end (1/5/15 min)"] = _load_average()
+    env["load average at end (1/5/15 min)"] = load_average()
     env["benchmark wall time (s)"] = f"{time.perf_counter() - started:.0f}"
     report = render(env, sizes, *results, measured_item_cost_us())
     print()

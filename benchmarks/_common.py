@@ -1,0 +1,64 @@
+"""What both benchmarks share: timing hygiene, the machine's description, markdown tables."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import platform
+from typing import Any, Iterator, Sequence
+
+import accelerate
+import torch
+import torchdata
+
+import accelerate_stateful
+
+
+def abandon(loader: Any) -> None:
+    """Tell Accelerate a loader we stopped early is done (its iterator has no ``finally``)."""
+    end = getattr(loader, "end", None)
+    if callable(end) and isinstance(loader, accelerate.data_loader.DataLoaderStateMixin):
+        end()
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Keep the cycle collector out of a timed region, as ``timeit`` does (collected between rounds)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def rotated(items: Sequence, round_index: int) -> list:
+    """``items`` started at a different one each round, so no contender always runs first."""
+    shift = round_index % len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def environment() -> dict:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "accelerate": accelerate.__version__,
+        "torchdata": torchdata.__version__,
+        "accelerate_stateful": accelerate_stateful.__version__,
+        "load average at start (1/5/15 min)": load_average(),
+    }
+
+
+def load_average() -> str:
+    """Other work on the machine shows up in every figure; the load average says how much there was."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
