@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 from accelerate.state import AcceleratorState, GradientState
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_loader.py"
+from scripts import load_script
 
 
 @pytest.fixture()
-def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_loader", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_loader", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+def bench():
+    module = load_script("benchmarks/bench_loader.py", "bench_loader")
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     yield module

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pickle
@@ -32,6 +31,7 @@ from accelerate_stateful.dcp import _HEADER, _MAGIC, LoaderCheckpoint
 
 from harness import assert_same_stream, run_loop, save_points
 from streams import CountingStream
+from scripts import load_script
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -282,11 +282,7 @@ def test_something_that_is_not_a_prepared_loader_is_refused_at_construction():
 
 # --------------------------------------------------------------------------- two real processes
 def _load_demo():
-    spec = importlib.util.spec_from_file_location("examples_demo", REPO / "examples" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/demo.py", "examples_demo")
 
 
 @pytest.mark.multiprocess

@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils.data import DataLoader
 
 from accelerate_stateful import DistContext, ShardDataLoader
 

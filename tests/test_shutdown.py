@@ -8,7 +8,6 @@ before the test are left out); zombies count as gone.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator, DistContext, ShardDataLoader
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
@@ -123,11 +123,7 @@ def test_persistent_workers_live_between_epochs_and_end_with_the_loader(children
 
 # --------------------------------------------------------------------------- two real processes
 def _load_demo():
-    spec = importlib.util.spec_from_file_location("examples_demo", ROOT / "examples" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/demo.py", "examples_demo")
 
 
 @pytest.mark.multiprocess

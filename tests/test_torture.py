@@ -21,7 +21,6 @@ seed of the kill plan (default 0; printed), ``TORTURE_LIMITS`` the
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import random
@@ -36,6 +35,7 @@ import psutil
 import pytest
 
 from accelerate_stateful import _files, latest_checkpoint
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "torture_train.py"
@@ -52,11 +52,7 @@ LAUNCH_TIMEOUT_S = 120
 
 
 def _load_demo():
-    spec = importlib.util.spec_from_file_location("examples_demo", ROOT / "examples" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/demo.py", "examples_demo")
 
 
 demo = _load_demo()
