@@ -60,7 +60,15 @@ class _Mailbox:
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
-        self.received: dict[int, dict[tuple[int, int], bytes]] = {}
+        self.bequests: dict[int, dict[tuple[int, int], bytes]] = {}  # kept for the pass: asked again later
+        self.replies: dict[int, dict[tuple[int, int], bytes]] = {}  # taken by the request that wanted them
+
+    def find(self, physical: int, key: tuple[int, int]) -> Optional[bytes]:
+        found = self.bequests.get(physical, {}).get(key)
+        return found if found is not None else self.replies.get(physical, {}).pop(key, None)
+
+    def has(self, physical: int, key: tuple[int, int]) -> bool:
+        return key in self.bequests.get(physical, {}) or key in self.replies.get(physical, {})
 
 
 def _collect(conns: list, mailbox: _Mailbox, owner: "weakref.ref[Channels]") -> None:
@@ -74,12 +82,15 @@ def _collect(conns: list, mailbox: _Mailbox, owner: "weakref.ref[Channels]") -> 
     while open_conns and owner() is not None:
         for conn in wait_for_messages(list(open_conns), timeout=0.5):
             try:
-                _, snapshots = conn.recv()
+                kind, snapshots = conn.recv()
             except (EOFError, OSError):
                 del open_conns[conn]
                 continue
             with mailbox.changed:
-                mailbox.received.setdefault(open_conns[conn], {}).update(snapshots)
+                if kind == "bequest":
+                    mailbox.bequests.setdefault(open_conns[conn], {}).update(snapshots)
+                else:  # only the newest reply is kept: an older one was answered or given up on
+                    mailbox.replies[open_conns[conn]] = snapshots
                 mailbox.changed.notify_all()
 
 
@@ -137,10 +148,10 @@ class Channels:
         """The snapshot ``key`` of a worker, pickled: from what it left when its stream ended, or asked now."""
         mailbox = self._collecting()
         with mailbox.changed:
-            if key not in mailbox.received.get(physical, {}):
+            if not mailbox.has(physical, key):
                 self._requests[physical][0].send(key)
-                mailbox.changed.wait_for(lambda: key in mailbox.received.get(physical, {}), REPLY_TIMEOUT_S)
-            found = mailbox.received.get(physical, {}).get(key)
+                mailbox.changed.wait_for(lambda: mailbox.has(physical, key), REPLY_TIMEOUT_S)
+            found = mailbox.find(physical, key)
         if found is None:
             raise StatefulLoaderError(
                 f"worker {physical} did not report its state within {REPLY_TIMEOUT_S:.0f} s; it may have died "
@@ -152,7 +163,8 @@ class Channels:
         """Drop what workers of earlier passes sent."""
         mailbox = self._collecting()
         with mailbox.changed:
-            mailbox.received.clear()
+            mailbox.bequests.clear()
+            mailbox.replies.clear()
 
     def _collecting(self) -> _Mailbox:
         if self._mailbox is None:
