@@ -134,8 +134,7 @@ class RoundRobinLoader(DataLoaderAdapter):
         self._taken = 0
         self._source_state: Optional[dict] = None  # where the epoch's source resumes; None: its start
         self._position = DatasetPosition(dataset.source) if is_stateful(dataset.source) else None
-        self._snapshots: dict[int, dict] = {}
-        self._keep = (loader_settings.get("prefetch_factor") or 2) * max(loader_settings.get("num_workers", 0), 1) + 4
+        self._snapshots: dict[int, dict] = {}  # batches read but not yet taken: as many as the read-ahead
         self.replayed_samples = 0
 
     @classmethod
@@ -193,7 +192,6 @@ class RoundRobinLoader(DataLoaderAdapter):
             if not items or (len(items) < self._batch_size and self._drop_last):
                 return
             self._snapshots[number] = self._snapshot(read)
-            self._snapshots.pop(number - self._keep, None)
             yield items
 
     def _snapshot(self, read: int) -> dict:
@@ -219,7 +217,9 @@ class RoundRobinLoader(DataLoaderAdapter):
     def _commit(self, token: int) -> None:
         if token not in self._snapshots:
             raise StatefulLoaderError(f"internal error: no source state recorded for batch {token}")
-        self._taken, self._source_state = token, self._snapshots[token]
+        for older in [number for number in self._snapshots if number < token]:
+            del self._snapshots[older]
+        self._taken, self._source_state = token, self._snapshots.pop(token)
 
     def _batches_taken(self) -> int:
         return self._taken

@@ -1,4 +1,5 @@
-"""Iterable datasets used by the stream tests: stateful, opaque, and recording what they read."""
+"""Iterable datasets used by the stream tests: stateful, opaque, recording what they read, and a source that
+must be read in one place (round-robin)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,46 @@ class OpaqueStream(IterableDataset):
 
     def __iter__(self):
         return iter(_share(self.n, self.epoch))
+
+
+class OpenOnce:
+    """A stream (think: a cursor or a queue) that fails loudly if it is opened twice or inside a worker.
+
+    Epoch ``e`` reads the ids ``0..n-1`` rotated by ``7 * e`` (``order``), so epochs differ.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pos, self.epoch, self.opened = n, 0, 0, set()
+
+    @staticmethod
+    def order(n: int, epoch: int) -> list[int]:
+        return [(i + 7 * epoch) % n for i in range(n)]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        if get_worker_info() is not None:
+            raise RuntimeError("the source was opened inside a worker: it was replicated")
+        if self.epoch in self.opened:
+            raise RuntimeError(f"the source was opened twice in epoch {self.epoch}")
+        self.opened.add(self.epoch)
+        order = self.order(self.n, self.epoch)
+        while self.pos < self.n:
+            self.pos += 1
+            yield order[self.pos - 1]
+
+
+def decode(raw: int) -> dict:
+    """The per-sample work of a round-robin source, done in a worker: ``worker`` says which (-1: none)."""
+    info = get_worker_info()
+    return {"id": raw, "worker": -1 if info is None else info.id}
 
 
 def read_log(log_dir: Path) -> list[int]:

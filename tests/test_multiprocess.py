@@ -7,7 +7,9 @@ drop_last, even_batches, split_batches, gradient accumulation 1 and 2, with ever
 in each launch instead of the full product. The ``sources-world{N}`` launches run the dispatcher over
 map-style and iterable datasets and iterable datasets read by every rank, stateful and opaque, each
 with and without workers, every pair of num_workers, split_batches and drop_last across the launches,
-and check each against Accelerate's own loader.
+and check each against Accelerate's own loader. They also run Hugging Face ``datasets`` sources (a
+``Dataset`` and an ``IterableDataset``, in both modes, with and without workers, on 1, 2 and 3
+processes) and a ``RoundRobinDataset`` whose source may be opened once, on rank 0, outside the workers.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from mp_scenarios import ALL_SETS, SCENARIO_SETS, SOURCE_SETS, dispatches, is_iterable
+from mp_scenarios import ALL_SETS, HF_STREAMS, SCENARIO_SETS, SOURCE_SETS, dispatches, is_iterable, reads_whole_shards
 
 SCRIPT = Path(__file__).with_name("mp_scenarios.py")
 REPO = SCRIPT.parent.parent
@@ -144,9 +147,11 @@ def test_scenario_sets_cover_every_pair(set_name):
     assert not missing, f"{set_name} never runs: {', '.join(missing)}"
 
 
-# The three ways a source is read: the dispatcher over map-style data, over an iterable dataset, and an
-# iterable dataset read by every rank.
+# The ways a source is read: the dispatcher over map-style data, over an iterable dataset, an iterable
+# dataset read by every rank, map-style data each rank reads its shard of, and a round-robin source.
 def _kind(s: dict) -> str:
+    if s["data"] == "round-robin":
+        return "round-robin"
     return ("diter" if dispatches(s) else "siter") if is_iterable(s) else ("dmap" if dispatches(s) else "shard")
 
 
@@ -172,6 +177,35 @@ def test_source_sets_cover_every_pair(kind):
     for set_name, scenarios in SOURCE_SETS.items():
         workers = {s["workers"] for s in scenarios if _kind(s) == kind}
         assert workers == {0, 2}, f"{set_name} runs {kind} with num_workers in {sorted(workers)}, not 0 and 2"
+
+
+def _sources(data: Callable[[str], bool]) -> list[tuple[int, dict]]:
+    """(world size, scenario) for every source scenario whose ``data`` passes."""
+    return [(_world(name), s) for name, sets in SOURCE_SETS.items() for s in sets if data(s["data"])]
+
+
+def test_source_sets_run_hf_datasets_and_round_robin():
+    """Across the launches: a ``datasets.Dataset`` shuffled by the DataLoader and a ``datasets.IterableDataset``
+    in each mode with and without workers, on 1, 2 and 3 processes; the stream read by every rank both by whole
+    shards and by slices, shuffled and not (shuffled only without workers: ``datasets`` cannot resume a shuffled
+    multi-shard stream in a worker); a round-robin source with its transform in two workers on 1, 2 and 3
+    processes, through the dispatcher on several."""
+    table = _sources(lambda d: d == "hf-table")
+    assert {(_kind(s), s["workers"]) for _, s in table} == {(k, w) for k in ("shard", "dmap") for w in (0, 2)}
+    assert {w for w, _ in table} == {1, 2, 3} and all(s["shuffle"] != "off" for _, s in table)
+
+    streams = _sources(lambda d: d in HF_STREAMS)
+    assert {(_kind(s), s["workers"]) for _, s in streams} == {(k, w) for k in ("diter", "siter") for w in (0, 2)}
+    assert {w for w, _ in streams} == {1, 2, 3}
+    assert all(s["dispatch"] is None for _, s in streams if _kind(s) == "diter")
+    several = [(w, s) for w, s in streams if _kind(s) == "siter" and w > 1]
+    assert {reads_whole_shards(s, w) for w, s in several} == {False, True}
+    assert {HF_STREAMS[s["data"]][1] for _, s in streams} == {False, True}
+    assert not any(HF_STREAMS[s["data"]][1] and s["workers"] for _, s in streams)
+
+    robin = _sources(lambda d: d == "round-robin")
+    assert {w for w, _ in robin} == {1, 2, 3} and all(s["workers"] == 2 for _, s in robin)
+    assert all(dispatches(s) for w, s in robin if w > 1)
 
 
 def test_source_sets_resume_opaque_streams_in_both_modes_and_with_workers():

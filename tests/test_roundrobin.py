@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from accelerate_stateful import (
     DispatchDataLoader,
@@ -16,40 +16,9 @@ from accelerate_stateful import (
 )
 
 from harness import check_resumes, run_loop, save_points
+from streams import OpenOnce, decode
 
 EPOCHS = 3
-
-
-class OpenOnce:
-    """A stream (think: a cursor or a queue) that fails loudly if it is opened twice or inside a worker."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.pos, self.epoch, self.opened = n, 0, 0, set()
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.pos = state["pos"]
-
-    def __iter__(self):
-        if get_worker_info() is not None:
-            raise RuntimeError("the source was opened inside a worker: it was replicated")
-        if self.epoch in self.opened:
-            raise RuntimeError(f"the source was opened twice in epoch {self.epoch}")
-        self.opened.add(self.epoch)
-        while self.pos < self.n:
-            self.pos += 1
-            yield (self.pos - 1 + 7 * self.epoch) % self.n
-
-
-def decode(raw: int) -> dict:
-    """The per-sample work, done in a worker."""
-    info = get_worker_info()
-    return {"id": raw, "worker": -1 if info is None else info.id}
 
 
 def make_factory(n=23, batch_size=3, workers=0, world=1, rank=0, drop_last=False, source=None):
@@ -80,6 +49,16 @@ def test_on_several_ranks_the_source_is_dispatched_and_resumes_exactly(world, ra
     reference, _ = run_loop(make(), EPOCHS)
     points = save_points(reference)
     check_resumes(make, EPOCHS, [[p] for p in points] + [sorted(points[1::3])], reference, rank)
+
+
+# The dispatcher reads two steps of world_size batches before the loop takes the first, and the base
+# loader's workers prefetch on top: the source position of every batch read must be kept until taken.
+@pytest.mark.parametrize("world,workers", [(3, 2), (4, 0), (4, 2), (6, 0)])
+def test_the_dispatcher_may_read_a_round_robin_source_two_steps_ahead(world, workers):
+    make = make_factory(n=60, workers=workers, world=world)
+    reference, _ = run_loop(make(), 2)
+    points = save_points(reference)
+    check_resumes(make, 2, [[points[1]], [points[len(points) // 2]], [points[-2]]], reference)
 
 
 def test_batches_go_to_the_workers_round_robin_in_read_order():
