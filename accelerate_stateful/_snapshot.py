@@ -22,15 +22,17 @@ def is_stateful(dataset: Any) -> bool:
     return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
 
 
-def set_epoch(dataset: Any, epoch: int) -> None:
-    """Call ``dataset.set_epoch(epoch)`` unless the dataset already reports that epoch.
+def set_epoch(dataset: Any, epoch: int, *, unless_set: bool = False) -> None:
+    """Call ``dataset.set_epoch(epoch)`` if it has one; with ``unless_set``, only if it reports another epoch.
 
-    The main process sets the epoch before workers start, so a worker finds it
-    set and does not call it again: in ``datasets``, ``set_epoch`` is a relative
-    update of memory that persistent workers share, and concurrent calls would
-    add the step twice.
+    The main process sets the epoch before workers start, and a worker calls it
+    only where its copy does not report that epoch: in ``datasets``,
+    ``set_epoch`` is a relative update of memory that persistent workers share,
+    and concurrent calls would add the step twice.
     """
-    if callable(getattr(dataset, "set_epoch", None)) and getattr(dataset, "epoch", None) != epoch:
+    if not callable(getattr(dataset, "set_epoch", None)):
+        return
+    if not unless_set or getattr(dataset, "epoch", None) != epoch:
         dataset.set_epoch(epoch)
 
 

@@ -175,7 +175,7 @@ class StreamDataset(IterableDataset):
         state = start.state
         if self._position is not None:
             self._position.open(state["dataset"] if state is not None else None)
-        set_epoch(self.dataset, start.epoch)
+        set_epoch(self.dataset, start.epoch, unless_set=True)  # the main process set it before workers started
         if state is not None and state["ended"] and not self.stateful:
             return iter(()), read  # an opaque stream known to be finished is not re-read to find its end
         skip = state["items"] if state is not None and not self.stateful else 0

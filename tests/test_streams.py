@@ -195,3 +195,23 @@ def test_a_state_is_copied_only_when_state_dict_returns_parts_that_change_later(
     assert not shares({"t": tensor.clone()}, {"t": tensor.clone()})
     assert shares({"nested": ({"b": buffer},)}, {"nested": ({"b": buffer},)})
     assert not shares({"pos": 3, "name": "x", "t": (1, 2)}, {"pos": 3, "name": "x", "t": (1, 2)})
+
+
+class _EpochRecorder(CountingStream):
+    """A stream with an ``epoch`` attribute whose ``set_epoch`` must run for every epoch, the first included."""
+
+    calls: list = []
+
+    def set_epoch(self, epoch: int) -> None:
+        _EpochRecorder.calls.append(epoch)
+        super().set_epoch(epoch)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_is_called_for_every_epoch_even_when_the_dataset_already_reports_it(workers):
+    _EpochRecorder.calls = []
+    dl = DataLoader(_EpochRecorder(8), batch_size=2, num_workers=workers)
+    loader = IterableShardDataLoader.from_dataloader(dl, DistContext(0, 1))
+    for _ in range(2):
+        list(loader)
+    assert [0, 1] == sorted(set(_EpochRecorder.calls)) and _EpochRecorder.calls[0] == 0
