@@ -93,7 +93,10 @@ def decode(tree: Any, tensors: dict[str, torch.Tensor], source: str = "") -> Any
         (marker, payload), = tree.items()
         if marker == _TENSOR:
             if payload not in tensors:
-                raise CheckpointError(f"{source}: refers to tensor '{payload}', which its safetensors file lacks; the file is damaged or was replaced, resume from another checkpoint")
+                raise CheckpointError(
+                    f"{source}: refers to tensor '{payload}', which its safetensors file lacks; the file is "
+                    "damaged or was replaced, resume from another checkpoint"
+                )
             return tensors[payload]
         if marker == _TUPLE:
             return tuple(decode(v, tensors, source) for v in payload)
@@ -233,7 +236,9 @@ def read_manifest(checkpoint: Path) -> dict:
 def _check_file(checkpoint: Path, rel: str, entry: dict) -> None:
     path = checkpoint / rel
     if not path.is_file():
-        raise CheckpointError(f"{checkpoint} is incomplete: {rel} is listed in its manifest but missing; resume from another checkpoint")
+        raise CheckpointError(
+            f"{checkpoint} is incomplete: {rel} is listed in its manifest but missing; resume from another checkpoint"
+        )
     if path.stat().st_size != entry.get("size"):
         raise CheckpointError(
             f"{path} has {path.stat().st_size} bytes, its manifest says {entry.get('size')}; the file is "

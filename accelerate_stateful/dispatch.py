@@ -208,7 +208,10 @@ class DispatchDataLoader(DataLoaderAdapter):
                 f"{self.ctx.rank}; load each rank's own state"
             )
         if self._split_batches and self._reader.batch_size % saved.get("world_size", 1) != 0:
-            raise UnsupportedConfigError(f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another checkpoint")
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another "
+                "checkpoint"
+            )
         base = state_dict.get(S.BASE)
         if self._reads or saved.get("world_size") != self.ctx.world_size:
             if not isinstance(base, Mapping):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any, Iterator, Mapping, Optional
 
@@ -349,7 +348,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             # Elastic: every part's position, dealt out again to this topology's readers from its own position.
             table = {"items": 0, "ended": False, "dataset": merge_positions(stream["snapshots"])}
             pos.taken = [0] * pos.num_logical
-            pos.snapshots = [copy.deepcopy(table) for _ in range(pos.num_logical)]
+            pos.snapshots = [table] * pos.num_logical  # read only: each pass loads a copy (DatasetPosition.open)
             pos.rotation = 0
             return
         pos.taken = list(stream["taken"])

@@ -267,7 +267,10 @@ class ShardDataLoader(DataLoaderAdapter):
         where = f" in {source}" if source else ""
         world, rank = saved.get("world_size"), saved.get("rank")
         if not (isinstance(world, int) and isinstance(rank, int) and 0 <= rank < world):
-            raise UnsupportedConfigError(f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another checkpoint")
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another "
+                "checkpoint"
+            )
         if world == self.ctx.world_size and rank != self.ctx.rank:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the state belongs to rank {rank}, this is rank {self.ctx.rank}; "

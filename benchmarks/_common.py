@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import os
 import platform
-from typing import Any, Iterator, Sequence
+import time
+import warnings
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import accelerate
 import torch
@@ -62,3 +65,30 @@ def load_average() -> str:
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def run_main(argv: Optional[Sequence[str]], doc: str, quick_note: str, sizes: tuple[dict, dict],
+             measure: Callable[[dict, float], Callable[[dict], str]]) -> int:
+    """A benchmark's command line: ``--quick`` picks the first of ``sizes``, ``--markdown PATH`` saves the report.
+
+    ``measure(sizes, started)`` runs the benchmark and returns what renders the report from the machine's
+    description, completed with the load average at the end and the wall time.
+    """
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"smaller sizes and fewer rounds ({quick_note})")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the tables as markdown to PATH")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    env = environment()
+    print("\n".join(f"{key}: {value}" for key, value in env.items()), flush=True)
+    started = time.perf_counter()
+    render = measure(sizes[0] if args.quick else sizes[1], started)
+    env["load average at end (1/5/15 min)"] = load_average()
+    env["benchmark wall time (s)"] = f"{time.perf_counter() - started:.0f}"
+    report = render(env)
+    print()
+    print(report, flush=True)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as handle:
+            handle.write(report)
+    return 0

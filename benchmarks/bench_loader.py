@@ -26,7 +26,6 @@ these functions with tiny sizes so the script keeps working.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import os
@@ -34,7 +33,6 @@ import random
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -47,7 +45,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import accelerate_stateful
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when a test loads this file
-from _common import abandon, environment, load_average, no_gc, rotated, table  # noqa: E402
+from _common import abandon, environment, no_gc, rotated, run_main, table  # noqa: E402,F401
 
 SEED = 1234
 FRACTIONS = (0.1, 0.5, 0.9)
@@ -459,15 +457,10 @@ def render(env: dict, sizes: dict, per_batch: dict, resume: Sequence[ResumeResul
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds (about 20 s)")
-    parser.add_argument("--markdown", metavar="PATH", help="also write the tables as markdown to PATH")
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
-    env = environment()
-    print("\n".join(f"{key}: {value}" for key, value in env.items()), flush=True)
-    started = time.perf_counter()
+    return run_main(argv, __doc__, "about 20 s", (QUICK_SIZES, FULL_SIZES), measure)
+
+
+def measure(sizes: dict, started: float) -> Callable[[dict], str]:
     per_batch = {}
     for workers, (samples, rounds) in sizes["per_batch"].items():
         print(f"A. per-batch cost, num_workers={workers} …", flush=True)
@@ -475,15 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("B. resume latency …", flush=True)
     samples, rounds = sizes["resume"]
     resume = bench_resume(samples, sizes["batch_size"], FRACTIONS, rounds)
-    env["load average at end (1/5/15 min)"] = load_average()
-    env["benchmark wall time (s)"] = f"{time.perf_counter() - started:.0f}"
-    report = render(env, sizes, per_batch, resume)
-    print()
-    print(report, flush=True)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as handle:
-            handle.write(report)
-    return 0
+    return lambda env: render(env, sizes, per_batch, resume)
 
 
 if __name__ == "__main__":

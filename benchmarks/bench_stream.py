@@ -37,7 +37,6 @@ with tiny sizes so the script keeps working.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import os
@@ -47,9 +46,8 @@ import resource
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import accelerate
 import torch
@@ -60,7 +58,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import accelerate_stateful
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when a test loads this file
-from _common import abandon, environment, load_average, no_gc, rotated, table  # noqa: E402
+from _common import abandon, environment, no_gc, rotated, run_main, table  # noqa: E402,F401
 
 FRACTIONS = (0.1, 0.5, 0.9)
 ITEM_COST_US = 20.0  # busy CPU work per item in C, so that replaying items costs what reading them costs
@@ -545,32 +543,24 @@ def per_batch_table(results: Sequence[PerBatchResult]) -> list[str]:
     return table(header, rows)
 
 
-def growth_table(by_state: dict, field: str = "us_per_batch") -> list[str]:
-    """One row per contender, one column per state: ``field`` and (for wall time) the ratio to bare."""
+def _by_state(by_state: dict, cell: Callable[[Any], str]) -> list[str]:
+    """One row per contender, one column per state, ``cell(result)`` in each."""
     labels = list(by_state)
     names = [r.name for r in by_state[labels[0]]]
-    rows = []
-    for name in names:
-        cells = []
-        for label in labels:
-            result = next(r for r in by_state[label] if r.name == name)
-            value = getattr(result, field)
-            cells.append(f"{value:,.0f} ({result.ratio:.2f}x)" if field == "us_per_batch" else f"{value:,.0f}")
-        rows.append([name, *cells])
+    rows = [[name, *(cell(next(r for r in by_state[label] if r.name == name)) for label in labels)]
+            for name in names]
     return table(["loader", *labels], rows)
+
+
+def growth_table(by_state: dict, field: str = "us_per_batch") -> list[str]:
+    """``field`` per contender and state, with the ratio to bare for wall time."""
+    if field == "us_per_batch":
+        return _by_state(by_state, lambda r: f"{r.us_per_batch:,.0f} ({r.ratio:.2f}x)")
+    return _by_state(by_state, lambda r: f"{getattr(r, field):,.0f}")
 
 
 def checkpoint_table(by_state: dict) -> list[str]:
-    labels = list(by_state)
-    names = [r.name for r in by_state[labels[0]]]
-    rows = []
-    for name in names:
-        cells = []
-        for label in labels:
-            r = next(r for r in by_state[label] if r.name == name)
-            cells.append(f"{r.ms:.2f} ms / {r.state_kib:,.0f} KiB")
-        rows.append([name, *cells])
-    return table(["loader", *labels], rows)
+    return _by_state(by_state, lambda r: f"{r.ms:.2f} ms / {r.state_kib:,.0f} KiB")
 
 
 def resume_table(results: Sequence[ResumeResult], which: str = "seconds") -> list[str]:
@@ -716,25 +706,13 @@ def run_all(sizes: dict, started: float) -> tuple[dict, dict, dict, dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds (about 30 s)")
-    parser.add_argument("--markdown", metavar="PATH", help="also write the tables as markdown to PATH")
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
-    env = environment()
-    print("\n".join(f"{key}: {value}" for key, value in env.items()), flush=True)
-    started = time.perf_counter()
+    return run_main(argv, __doc__, "about 30 s", (QUICK_SIZES, FULL_SIZES), measure)
+
+
+def measure(sizes: dict, started: float) -> Callable[[dict], str]:
     results = run_all(sizes, started)
-    env["load average at end (1/5/15 min)"] = load_average()
-    env["benchmark wall time (s)"] = f"{time.perf_counter() - started:.0f}"
-    report = render(env, sizes, *results, measured_item_cost_us())
-    print()
-    print(report, flush=True)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as handle:
-            handle.write(report)
-    return 0
+    item_cost = measured_item_cost_us()
+    return lambda env: render(env, sizes, *results, item_cost)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 import torch
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
@@ -150,17 +150,23 @@ def show_package_log(accelerator: Accelerator) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    args = parse_args(argv)
+    run(parse_args(argv))
+
+
+def run(args: argparse.Namespace, *, total_limit: int = 3, lr: float = 0.05, progress: Optional[Progress] = None,
+        after_step: Callable[[Accelerator, int], None] = lambda accelerator, step: None) -> None:
+    """Train, resuming from the newest complete checkpoint; ``after_step`` runs after each step is logged."""
     accelerator = Accelerator(
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
-        project_config=ProjectConfiguration(project_dir=str(args.out), automatic_checkpoint_naming=True, total_limit=3),
+        project_config=ProjectConfiguration(project_dir=str(args.out), automatic_checkpoint_naming=True,
+                                            total_limit=total_limit),
     )
     show_package_log(accelerator)
     set_seed(args.seed)  # the model's initial weights; a restart loads the trained ones over them
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model, optimizer, loader = accelerator.prepare(model, optimizer, make_loader(args))
-    progress = Progress()
+    progress = progress if progress is not None else Progress()
     accelerator.register_for_checkpointing(progress)
 
     resumed_from = accelerator.resume()  # the newest complete checkpoint, or None on a fresh start
@@ -179,6 +185,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                 "epoch": epoch, "batch": loader.batches_yielded - 1, "ids": batch["id"].tolist(),
                 "loss": loss.item(),
             })
+            after_step(accelerator, progress.step)
             if progress.step % args.save_every == 0:
                 accelerator.save_state()
     stream.close()

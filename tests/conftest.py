@@ -1,4 +1,5 @@
-"""Shared test set-up: the ``multiprocess`` marker, and every test isolated from distributed state."""
+"""Shared test set-up: the ``multiprocess`` marker, every test isolated from distributed state, and a fresh
+Accelerate state for tests that build ``Accelerator`` objects."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 
 import pytest
 import torch.distributed as dist
+from accelerate.state import AcceleratorState, GradientState
 
 # Variables a launcher (torchrun, accelerate launch) sets; a test inheriting them would think it is one rank of many.
 DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -26,3 +28,13 @@ def isolated_from_distributed_state(monkeypatch: pytest.MonkeyPatch):
     yield
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate's process-wide state, reset before and after: several ``Accelerator`` objects in one process."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield AcceleratorState
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

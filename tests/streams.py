@@ -112,10 +112,19 @@ class HeavyStateStream(CountingStream):
     """
 
     def __init__(self, n: int, live: bool, payload: int = 100_000) -> None:
-        super().__init__(n)
         self.live = live
         self.cursor = [0]
         self.payload = torch.zeros(payload, dtype=torch.int64)
+        super().__init__(n)
+
+    @property
+    def pos(self) -> int:
+        return self.cursor[0]
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        self.cursor[0] = value  # in place, as a buffer or a generator state changes
+        self.payload[0] = value
 
     def state_dict(self) -> dict:
         if self.live:
@@ -127,10 +136,3 @@ class HeavyStateStream(CountingStream):
         self.payload = state["payload"].clone()
         assert int(self.payload[0]) == self.cursor[0], "the payload does not belong to this position"
 
-    def __iter__(self):
-        mine = _share(self.n, self.epoch)
-        while self.cursor[0] < len(mine):
-            item = mine[self.cursor[0]]
-            self.cursor[0] += 1
-            self.payload[0] = self.cursor[0]  # in place, as a buffer or a generator state changes
-            yield item

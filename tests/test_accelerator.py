@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.data_loader import DataLoaderShard
-from accelerate.state import AcceleratorState, GradientState
+from accelerate.state import AcceleratorState
 from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 from torch.utils.data import DataLoader
 
@@ -24,11 +24,7 @@ from accelerate_stateful import (
 )
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def make_accelerator(out: Path = None, stateful=True, total_limit=None, **kw):

@@ -6,19 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from accelerate.state import AcceleratorState, GradientState
 
 from scripts import load_script
 
 
 @pytest.fixture()
-def bench():
-    module = load_script("benchmarks/bench_stream.py", "bench_stream")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield module
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+def bench(fresh_accelerate_state):
+    return load_script("benchmarks/bench_stream.py", "bench_stream")
 
 
 def _is_time(value: float) -> bool:

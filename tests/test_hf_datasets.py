@@ -44,15 +44,6 @@ def quiet_datasets():
     logger.setLevel(level)
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield AcceleratorState
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 # ----------------------------------------------------------------------------- sources
 def map_dataset(order: str, fmt: str, text: bool = True):
     """Ids 0..N-1 with a float column (and a string one: the dispatcher can only concatenate tensors)."""

@@ -113,11 +113,7 @@ def set_weight(model: torch.nn.Module, value: float) -> None:
         model.bias.fill_(value)
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 @pytest.fixture(scope="module")

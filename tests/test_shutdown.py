@@ -15,7 +15,6 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
@@ -27,11 +26,7 @@ WORKERS = 2
 GONE_WITHIN_S = 15  # a worker checks every 5 s whether its parent is still alive
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def live_children(ignore: frozenset = frozenset()) -> list[psutil.Process]:

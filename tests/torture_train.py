@@ -5,8 +5,8 @@ Usage::
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/torture_train.py \
         --out DIR --total-limit 1 --save-sleep 0.05 [any examples/train.py option]
 
-Everything but two settings is the example's own code (dataset, loader, the
-per-rank JSON-lines stream that ``examples/demo.py`` verifies):
+It runs the example's own ``run()`` (dataset, loader, training loop, the
+per-rank JSON-lines stream that ``examples/demo.py`` verifies), with these knobs:
 
 - ``--total-limit``: checkpoints kept (the example keeps 3); with 1, every save
   deletes the previous checkpoint, once the new one is complete.
@@ -28,9 +28,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
-
-import torch
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
@@ -63,40 +60,13 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, ar
 
 def main(argv: Optional[list[str]] = None) -> None:
     ours, args = parse_args(argv)
-    accelerator = Accelerator(
-        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
-        project_config=ProjectConfiguration(project_dir=str(args.out), automatic_checkpoint_naming=True,
-                                            total_limit=ours.total_limit),
-    )
-    set_seed(args.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(train.FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=ours.lr, momentum=0.9)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, train.make_loader(args))
-    progress = SlowProgress(ours.save_sleep)
-    accelerator.register_for_checkpointing(progress)
 
-    resumed_from = accelerator.resume()
-    stream, attempt = train.announce(accelerator, loader, progress, resumed_from, args)
-    for epoch in range(loader.epoch, args.epochs):
-        for batch in loader:
-            loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            progress.step += 1
-            time.sleep(args.sleep)
-            train.append(stream, {
-                "event": "batch", "attempt": attempt, "rank": accelerator.process_index, "step": progress.step,
-                "epoch": epoch, "batch": loader.batches_yielded - 1, "ids": batch["id"].tolist(),
-                "loss": loss.item(),
-            })
-            if progress.step == ours.raise_at_step and accelerator.process_index == ours.raise_on_rank:
-                raise RuntimeError(f"rank {ours.raise_on_rank} fails at step {progress.step} (--raise-at-step)")
-            if progress.step % args.save_every == 0:
-                accelerator.save_state()
-    stream.close()
-    accelerator.print(f"[torture] done: {progress.step} steps, {args.epochs} epochs")
-    accelerator.end_training()
+    def fail_on_purpose(accelerator: Accelerator, step: int) -> None:
+        if step == ours.raise_at_step and accelerator.process_index == ours.raise_on_rank:
+            raise RuntimeError(f"rank {ours.raise_on_rank} fails at step {step} (--raise-at-step)")
+
+    train.run(args, total_limit=ours.total_limit, lr=ours.lr, progress=SlowProgress(ours.save_sleep),
+              after_step=fail_on_purpose)
 
 
 if __name__ == "__main__":
