@@ -19,12 +19,8 @@ def _share(n: int, epoch: int) -> list[int]:
     return mine[shift:] + mine[:shift]
 
 
-class CountingStream(IterableDataset):
-    """A stateful stream of ids that resumes from a position, and can log every id it reads to a folder."""
-
-    def __init__(self, n: int, log_dir: Optional[Path] = None) -> None:
-        self.n, self.log_dir = n, log_dir
-        self.pos, self.epoch = 0, 0
+class _Cursor:
+    """An epoch and a position in it, saved and restored as ``{"pos": ...}``."""
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -34,6 +30,14 @@ class CountingStream(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.pos = state["pos"]
+
+
+class CountingStream(_Cursor, IterableDataset):
+    """A stateful stream of ids that resumes from a position, and can log every id it reads to a folder."""
+
+    def __init__(self, n: int, log_dir: Optional[Path] = None) -> None:
+        self.n, self.log_dir = n, log_dir
+        self.pos, self.epoch = 0, 0
 
     def __iter__(self):
         mine = _share(self.n, self.epoch)
@@ -60,7 +64,7 @@ class OpaqueStream(IterableDataset):
         return iter(_share(self.n, self.epoch))
 
 
-class OpenOnce:
+class OpenOnce(_Cursor):
     """A stream (think: a cursor or a queue) that fails loudly if it is opened twice or inside a worker.
 
     Epoch ``e`` reads the ids ``0..n-1`` rotated by ``7 * e`` (``order``), so epochs differ.
@@ -72,15 +76,6 @@ class OpenOnce:
     @staticmethod
     def order(n: int, epoch: int) -> list[int]:
         return [(i + 7 * epoch) % n for i in range(n)]
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.pos = state["pos"]
 
     def __iter__(self):
         if get_worker_info() is not None:
