@@ -113,7 +113,7 @@ def per_batch_panels(documents: dict) -> list[tuple[str, list[dict]]]:
 
 
 def _figure(panels: int, title: str, size: tuple[float, float]):
-    columns = min(panels, 2 if panels == 4 else 3)
+    columns = min(panels, 2)  # two across stay readable at the width of a documentation page
     rows = -(-panels // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(size[0] * columns, size[1] * rows), squeeze=False,
                              layout="constrained")
