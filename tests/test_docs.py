@@ -78,6 +78,16 @@ def test_the_api_page_is_refused_unless_it_documents_exactly_the_public_names(ho
     hooks.check_api_page("::: accelerate_stateful.B\n\n::: accelerate_stateful.A\n", ["A", "B"])
 
 
+def test_a_docstring_example_that_markdown_reads_as_quotes_is_refused(hooks):
+    import markdown
+    from mkdocs.exceptions import PluginError
+
+    session = ">>> plan = ShardPlan(num_samples=10, batch_size=2)\n>>> plan.num_batches\n5\n"
+    with pytest.raises(PluginError, match="title its section 'Examples:'"):
+        hooks.check_examples_render_as_code(markdown.markdown(session))  # what a section 'Example:' becomes
+    hooks.check_examples_render_as_code(markdown.markdown("```python\n" + session + "```", extensions=["fenced_code"]))
+
+
 def test_the_hook_reads_the_same_public_names_as_the_package(hooks):
     assert hooks.public_names(ROOT) == accelerate_stateful.__all__
 

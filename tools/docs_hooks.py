@@ -5,7 +5,8 @@
   it is, and the strict build refuses it as a broken link.
 - ``api.md`` must hold one ``::: accelerate_stateful.NAME`` for every name in ``accelerate_stateful.__all__``
   and none for anything else; the build fails otherwise, naming the names, so a new public name cannot be
-  left out of the reference.
+  left out of the reference. An example in a docstring must render as code: a ``>>>`` session under a
+  section Google style does not know as examples (``Example:``) renders as nested quotes, and fails the build.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ PACKAGE = "accelerate_stateful"
 API_PAGE = "api.md"
 _DIRECTIVE = re.compile(rf"^:::\s+{PACKAGE}\.(\w+)\s*$", re.MULTILINE)
 _DOCS_LINK = re.compile(r"\]\(docs/")
+_PROSE_DOCTEST = re.compile(r"<blockquote>\s*<blockquote>\s*<blockquote>")  # ">>> " read as Markdown quotes
 
 
 def _root(config) -> Path:
@@ -59,6 +61,15 @@ def check_api_page(markdown: str, names: list[str]) -> None:
         raise PluginError(f"docs/{API_PAGE}: " + "; ".join(problems))
 
 
+def check_examples_render_as_code(html: str) -> None:
+    """Refuse a page where a docstring's ``>>>`` example came out as prose instead of code."""
+    match = _PROSE_DOCTEST.search(html)
+    if match:
+        text = re.sub(r"<[^>]+>", " ", html[match.end(): match.end() + 300]).split()
+        raise PluginError(f"docs/{API_PAGE}: a docstring example renders as quoted prose ({' '.join(text[:12])} …): "
+                          "title its section 'Examples:' (Google style), not 'Example:'")
+
+
 def on_files(files, config):
     if files.get_file_from_path("index.md") is not None:
         raise PluginError("docs/index.md would replace the landing page made from README.md: remove it and edit "
@@ -72,3 +83,9 @@ def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri == API_PAGE:
         check_api_page(markdown, public_names(_root(config)))
     return markdown
+
+
+def on_page_content(html, page, config, files):
+    if page.file.src_uri == API_PAGE:
+        check_examples_render_as_code(html)
+    return html
