@@ -215,7 +215,6 @@ def _problems_in(events: list[dict]) -> list[str]:
 
 def check_page(browser: Browser, session: str, url: str) -> PageReport:
     report = PageReport(url)
-    browser.take_events()
     navigation = browser.send("Page.navigate", {"url": url}, session)
     if navigation.get("errorText"):
         report.problems.append(f"navigation failed: {navigation['errorText']}")
@@ -228,7 +227,7 @@ def check_page(browser: Browser, session: str, url: str) -> PageReport:
     if not page.get("heading", "").strip() or page.get("text", 0) < 20:
         report.problems.append("no heading or no text: the page did not render")
     report.problems += [f"figure did not load: {img['src']}" for img in page.get("images", []) if img["width"] <= 0]
-    time.sleep(0.2)  # let the last console messages of the load arrive
+    time.sleep(0.2)  # let the last console messages of the load arrive (later ones: see check_site)
     report.problems += _problems_in(browser.take_events())
     return report
 
@@ -256,11 +255,17 @@ def check_site(site: Path, shots: Path, binary: str) -> list[PageReport]:
         browser.send("Emulation.setDeviceMetricsOverride", {"width": VIEWPORT[0], "height": VIEWPORT[1],
                                                             "deviceScaleFactor": 1, "mobile": False}, session)
         shots.mkdir(parents=True, exist_ok=True)
-        reports = []
+        browser.take_events()  # about:blank's
+        reports: list[PageReport] = []
         for page in pages(site):
+            if reports:  # what a page logged after its check, before the next navigation, is still its own
+                reports[-1].problems += _problems_in(browser.take_events())
             reports.append(check_page(browser, session, base + page))
             if page in SCREENSHOTS:
                 screenshot(browser, session, shots / SCREENSHOTS[page])
+        if reports:
+            time.sleep(0.5)
+            reports[-1].problems += _problems_in(browser.take_events())
         return reports
     finally:
         browser.close()
