@@ -4,7 +4,7 @@ Serves the site on 127.0.0.1 (a free port, loopback only), then for every page: 
 text, every ``<img>`` loaded (``naturalWidth > 0``), no request failed, and nothing was written to the
 console as an error or thrown. Screenshots of the landing, benchmark and architecture pages go to the
 screenshot folder (``site-check/`` by default, git-ignored). Exit status 0 when every page passes, 1 when
-one does not (each problem printed), 2 when no browser is found.
+one does not (each problem printed) or the browser fails, 2 when no browser is found.
 
 The browser is driven through the Chrome DevTools Protocol over a pipe (``--remote-debugging-pipe``):
 nothing listens on a port but the site itself, and nothing but Chromium is needed. Chromium comes from
@@ -59,6 +59,7 @@ class Browser:
 
     def __init__(self, binary: str) -> None:
         self._profile = tempfile.mkdtemp(prefix="check-site-")
+        self._log = open(os.path.join(self._profile, "chromium.log"), "w+b")  # quoted if Chromium dies
         to_browser, self._write = os.pipe()  # Chromium reads commands on its fd 3 ...
         self._read, from_browser = os.pipe()  # ... and writes replies and events on its fd 4.
 
@@ -67,13 +68,14 @@ class Browser:
             os.dup2(a, 3)  # inheritable; Python's own fds are not (PEP 446), so they close at exec
             os.dup2(b, 4)
 
+        # --no-sandbox: Chromium refuses to start as root (CI) with its sandbox; the pages are our own files.
         flags = ["--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
                  "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
                  "--disable-extensions", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--hide-scrollbars", "--mute-audio", f"--user-data-dir={self._profile}"]
         self._process = subprocess.Popen([binary, *flags, "about:blank"], preexec_fn=plumb, close_fds=False,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, start_new_session=True)
+                                         stderr=self._log, start_new_session=True)
         os.close(to_browser)
         os.close(from_browser)
         self._next_id = 0
@@ -105,13 +107,16 @@ class Browser:
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
         if session:
             message["sessionId"] = session
-        os.write(self._write, json.dumps(message).encode() + b"\0")
+        try:
+            os.write(self._write, json.dumps(message).encode() + b"\0")
+        except BrokenPipeError:
+            raise BrowserError(f"{method}: {self._exited()}") from None
         with self._changed:
             if not self._changed.wait_for(lambda: self._next_id in self._replies or -1 in self._replies, TIMEOUT_S):
                 raise BrowserError(f"{method}: no answer from Chromium in {TIMEOUT_S:.0f} s")
             reply = self._replies.pop(self._next_id, None)
         if reply is None:
-            raise BrowserError(f"{method}: Chromium exited (exit status {self._process.poll()})")
+            raise BrowserError(f"{method}: {self._exited()}")
         if "error" in reply:
             raise BrowserError(f"{method}: {reply['error'].get('message')}")
         return reply.get("result", {})
@@ -126,8 +131,14 @@ class Browser:
                 raise BrowserError(f"no {method} from Chromium in {TIMEOUT_S:.0f} s")
             event = found()
         if event is None:
-            raise BrowserError(f"Chromium exited while waiting for {method}")
+            raise BrowserError(f"waiting for {method}: {self._exited()}")
         return event
+
+    def _exited(self) -> str:
+        """Why Chromium is gone: its exit status and the end of what it wrote to stderr."""
+        self._log.seek(0)
+        said = self._log.read().decode(errors="replace").strip().splitlines()[-5:]
+        return f"Chromium exited (status {self._process.poll()}): " + (" | ".join(said) or "it said nothing")
 
     def take_events(self) -> list[dict]:
         with self._changed:
@@ -147,6 +158,7 @@ class Browser:
         os.close(self._write)
         self._reader.join(timeout=5)
         os.close(self._read)
+        self._log.close()
         shutil.rmtree(self._profile, ignore_errors=True)
 
 
@@ -287,7 +299,11 @@ def main(argv: Optional[list] = None) -> int:
         print(f"{args.site} holds no built site (no index.html): run `make docs` first", file=sys.stderr)
         return 1
     started = time.perf_counter()
-    reports = check_site(args.site, args.screenshots, binary)
+    try:
+        reports = check_site(args.site, args.screenshots, binary)
+    except BrowserError as error:
+        print(f"the browser failed, so no page was checked: {error}", file=sys.stderr)
+        return 1
     for report in reports:
         status = "ok  " if not report.problems else "FAIL"
         print(f"{status} {report.url}  ({report.images} figures) {report.title}")
