@@ -33,6 +33,18 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+def png_text(path: Path) -> dict[str, str]:
+    """The PNG's text chunks (``tEXt``): where matplotlib saves ``metadata=``."""
+    data, offset, found = path.read_bytes(), 8, {}
+    while offset < len(data):
+        length, kind = struct.unpack(">I4s", data[offset: offset + 8])
+        if kind == b"tEXt":
+            key, _, value = data[offset + 8: offset + 8 + length].partition(b"\0")
+            found[key.decode("latin-1")] = value.decode("latin-1")
+        offset += 12 + length
+    return found
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
@@ -114,12 +126,14 @@ def test_the_architecture_figure_names_existing_modules_and_every_module_of_the_
     drawing = load_script("tools/architecture.py", "architecture")
     package = ROOT / "accelerate_stateful"
     named = set(drawing.MODULES.values())
-    modules = {path.relative_to(package).as_posix() for path in package.rglob("*.py")}
+    modules = {path.relative_to(package).as_posix() for path in package.rglob("*.py") if path.name != "__init__.py"}
 
     assert sorted(named - modules) == [], "the figure names modules that do not exist: update MODULES"
     assert sorted(modules - named - set(drawing.NOT_DRAWN)) == [], "modules missing from the figure: add them"
     drawing.draw(str(tmp_path / "architecture.png"))
     assert min(png_size(tmp_path / "architecture.png")) > 300
+    committed = png_text(ROOT / "docs" / "figures" / "architecture.png").get("Description")
+    assert committed == drawing.fingerprint(), "docs/figures/architecture.png is stale: run `make docs`, commit it"
 
 
 @pytest.fixture()

@@ -1,8 +1,10 @@
 """Draws docs/figures/architecture.png: the data path and the save and resume paths, each box a module.
 
 ``make docs`` runs it. The module names live in :data:`MODULES` only (paths relative to the package
-folder): after a module moves, change its path there. ``tests/test_docs.py`` checks that every path named
-here exists and that every module of the package is drawn (or listed in :data:`NOT_DRAWN` with a reason).
+folder): after a module moves, change its path there and run ``make docs``. ``tests/test_docs.py`` checks
+that every path named here exists, that every module of the package but its ``__init__.py`` files is drawn
+(or listed in :data:`NOT_DRAWN` with a reason), and that the committed PNG shows what this script draws
+(its :func:`fingerprint` is saved in the PNG).
 
 Usage::
 
@@ -11,6 +13,8 @@ Usage::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -38,10 +42,9 @@ MODULES = {
     "dcp": "dcp.py",
     "errors": "errors.py",
 }
-# Modules of the package the figure leaves out on purpose, and why.
-NOT_DRAWN = {
-    "__init__.py": "the public front door: re-exports the names the boxes show",
-}
+# Modules of the package the figure leaves out on purpose, and why. Every ``__init__.py`` is left out too:
+# a front door re-exports the names the boxes show and does no step of its own.
+NOT_DRAWN: dict[str, str] = {}
 
 DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"
 
@@ -101,6 +104,12 @@ def boxes() -> tuple[list[Box], list[tuple[Box, Box, str]]]:
     return [user, prepare, *variants, loop, *save, *resume, *notes], arrows
 
 
+def fingerprint() -> str:
+    """What the figure says (every box's title and modules), hashed: saved in the PNG to tell a stale one."""
+    said = [(box.title, box.label()) for box in boxes()[0]]
+    return hashlib.sha256(json.dumps(said).encode()).hexdigest()[:16]
+
+
 def draw(path: str) -> None:
     import matplotlib
 
@@ -133,7 +142,7 @@ def draw(path: str) -> None:
             ha="center", fontsize=8.5, style="italic", color="#333333")
     ax.text(148, -1.5, f"module paths are relative to {PACKAGE}/; drawn by tools/architecture.py",
             ha="right", fontsize=7.5, color="#666666")
-    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None, "Description": fingerprint()})
     plt.close(fig)
 
 
