@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench torture clean
+.PHONY: install test test-fast demo bench docs docs-check torture clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,21 @@ torture: install
 	TORTURE_KILLS=50 TORTURE_LIMITS=1,3 TORTURE_SEED=$${TORTURE_SEED:-$$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')} \
 		$(PY) -m pytest -q -s tests/test_torture.py
 
+# The tables print; the results also go to bench_out/*.json, drawn into docs/figures/*.png (commit those).
 bench: install
-	$(PY) benchmarks/bench_loader.py
-	$(PY) benchmarks/bench_stream.py
+	mkdir -p bench_out
+	$(PY) benchmarks/bench_loader.py --json bench_out/loader.json
+	$(PY) benchmarks/bench_stream.py --json bench_out/stream.json
+	$(PY) benchmarks/plot.py bench_out docs/figures
+
+# The site, into site/; strict: a broken link or reference, or a page missing from mkdocs.yml's nav, fails.
+docs: install
+	$(PY) tools/architecture.py docs/figures/architecture.png
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+# The built site in headless Chromium: every page, figure and console; screenshots into site-check/.
+docs-check: docs
+	$(PY) tools/check_site.py site --screenshots site-check
 
 clean:
-	rm -rf $(VENV) demo_runs bench_out .pytest_cache
+	rm -rf $(VENV) demo_runs bench_out site site-check .pytest_cache

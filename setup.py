@@ -1,5 +1,13 @@
 from setuptools import find_packages, setup
 
+DOCS = [
+    "mkdocs==1.6.1",
+    "mkdocs-material==9.8.1",
+    "mkdocstrings==1.0.8",
+    "mkdocstrings-python==2.0.11",
+    "matplotlib>=3.7,<4",
+]
+
 setup(
     name="accelerate-stateful",
     version="0.1.0",
@@ -16,6 +24,8 @@ setup(
         "safetensors>=0.4",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0"],
+        # `make docs`: the site (mkdocs.yml), its API reference, and the figures (benchmarks/plot.py).
+        "docs": DOCS,
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0", *DOCS],
     },
 )

@@ -16,7 +16,7 @@ class DistContext:
     process: ``DistContext(rank=3, world_size=4)``. Collectives are only used
     when a process group is really initialised with more than one rank.
 
-    Example:
+    Examples:
         >>> DistContext(rank=1, world_size=2).is_main
         False
     """

@@ -37,7 +37,7 @@ def _ceil_div(a: int, b: int) -> int:
 class ShardPlan:
     """How one epoch of ``num_samples`` positions is cut into this rank's batches.
 
-    Example:
+    Examples:
         >>> plan = ShardPlan(num_samples=10, batch_size=2, world_size=2, rank=1,
         ...                  drop_last=False, even_batches=True)
         >>> [plan.batch_positions(k) for k in range(plan.num_batches)]

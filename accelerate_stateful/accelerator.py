@@ -36,7 +36,7 @@ class Accelerator(accelerate.Accelerator):
     marks it complete), and ``resume()`` continues from the newest complete
     checkpoint. With the option off, it behaves exactly as Accelerate's.
 
-    Example:
+    Examples:
         >>> from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
         >>> accelerator = Accelerator(                                    # doctest: +SKIP
         ...     dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),

@@ -68,7 +68,7 @@ class LoaderCheckpoint(Stateful):
     State dict:
         rank_<r>: ``{"loader_<i>": uint8 tensor of capacity bytes}``, one buffer per loader.
 
-    Example:
+    Examples:
         >>> import torch.distributed.checkpoint as dcp                       # doctest: +SKIP
         >>> state = {"model": model_state, "dataloader": LoaderCheckpoint(train_dl)}
         >>> dcp.save(state, checkpoint_id="ckpt/step_100")                   # doctest: +SKIP

@@ -32,7 +32,7 @@ class DispatchDataLoader(DataLoaderAdapter):
     rank runs the reader itself and takes its own slice, which yields the same
     batches.
 
-    Example:
+    Examples:
         >>> accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(
         ...     use_stateful_dataloader=True, dispatch_batches=True))      # doctest: +SKIP
         >>> dl = accelerator.prepare(DataLoader(stream, batch_size=8))     # doctest: +SKIP

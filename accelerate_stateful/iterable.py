@@ -55,7 +55,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
     resumes exactly without reading anything it does not deliver; one that does
     not is fast-forwarded, with a warning and a count of replayed samples.
 
-    Example:
+    Examples:
         >>> loader = IterableShardDataLoader.from_dataloader(DataLoader(stream, batch_size=8),
         ...                                                  DistContext(0, 2))   # doctest: +SKIP
     """

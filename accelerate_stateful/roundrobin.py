@@ -41,7 +41,7 @@ class RoundRobinDataset(IterableDataset):
         transform: Applied to each raw item in a worker; must be picklable when
             ``num_workers > 0``.
 
-    Example:
+    Examples:
         >>> ds = RoundRobinDataset(KafkaLikeStream(topic), transform=tokenize)   # doctest: +SKIP
         >>> dl = accelerator.prepare(DataLoader(ds, batch_size=32, num_workers=4))   # doctest: +SKIP
 

@@ -67,7 +67,7 @@ class ShardDataLoader(DataLoaderAdapter):
     rank's next batch is computed: resuming reads no sample it does not deliver,
     and workers hold no position, so ``num_workers`` may change between runs.
 
-    Example:
+    Examples:
         >>> dl = DataLoader(range(10), batch_size=2, shuffle=True)
         >>> shard = ShardDataLoader.from_dataloader(dl, DistContext(rank=0, world_size=2))
         >>> len(shard)

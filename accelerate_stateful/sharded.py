@@ -71,7 +71,7 @@ class _LineReader:
 class TextLines(IterableDataset):
     """Lines of local text files; one logical shard per file, position = byte offset.
 
-    Example:
+    Examples:
         >>> dl = DataLoader(TextLines(sorted(Path("corpus").glob("*.txt"))), batch_size=32, num_workers=2)
         ... # doctest: +SKIP
     """

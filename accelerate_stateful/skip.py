@@ -19,7 +19,7 @@ class SkipDataLoader:
     epochs are those of the wrapped loader. ``num_batches`` counts from the
     start of the epoch, whatever position the loader had.
 
-    Example:
+    Examples:
         >>> skipped = accelerator.skip_first_batches(train_dl, 100)   # doctest: +SKIP
         >>> for batch in skipped:                                     # batch 100 onwards
         ...     ...

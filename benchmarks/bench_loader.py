@@ -19,6 +19,7 @@ Usage::
     make bench                                   # the full run, about 2 minutes on 2 cores
     python benchmarks/bench_loader.py --quick    # about 20 s, smaller sizes
     python benchmarks/bench_loader.py --markdown docs/bench_table.md
+    python benchmarks/bench_loader.py --json bench_out/loader.json   # what benchmarks/plot.py draws
 
 No figure here is asserted anywhere: ``tests/test_bench_smoke.py`` only runs
 these functions with tiny sizes so the script keeps working.
@@ -460,7 +461,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_main(argv, __doc__, "about 20 s", (QUICK_SIZES, FULL_SIZES), measure)
 
 
-def measure(sizes: dict, started: float) -> Callable[[dict], str]:
+def measure(sizes: dict, started: float) -> tuple[Callable[[dict], str], dict]:
     per_batch = {}
     for workers, (samples, rounds) in sizes["per_batch"].items():
         print(f"A. per-batch cost, num_workers={workers} …", flush=True)
@@ -468,7 +469,7 @@ def measure(sizes: dict, started: float) -> Callable[[dict], str]:
     print("B. resume latency …", flush=True)
     samples, rounds = sizes["resume"]
     resume = bench_resume(samples, sizes["batch_size"], FRACTIONS, rounds)
-    return lambda env: render(env, sizes, per_batch, resume)
+    return (lambda env: render(env, sizes, per_batch, resume)), {"per_batch": per_batch, "resume": resume}
 
 
 if __name__ == "__main__":

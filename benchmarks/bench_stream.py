@@ -30,6 +30,7 @@ Usage::
     make bench                                    # both benchmarks; this one takes 2 to 3 minutes on 2 cores
     python benchmarks/bench_stream.py --quick     # about 30 s, smaller sizes
     python benchmarks/bench_stream.py --markdown stream.md
+    python benchmarks/bench_stream.py --json bench_out/stream.json   # what benchmarks/plot.py draws
 
 No figure here is asserted anywhere: ``tests/test_bench_stream_smoke.py`` only runs these functions
 with tiny sizes so the script keeps working.
@@ -709,10 +710,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_main(argv, __doc__, "about 30 s", (QUICK_SIZES, FULL_SIZES), measure)
 
 
-def measure(sizes: dict, started: float) -> Callable[[dict], str]:
+def measure(sizes: dict, started: float) -> tuple[Callable[[dict], str], dict]:
     results = run_all(sizes, started)
     item_cost = measured_item_cost_us()
-    return lambda env: render(env, sizes, *results, item_cost)
+    data = dict(zip(("per_batch", "with_step", "checkpoint", "resume"), results), item_cost_us=item_cost)
+    return (lambda env: render(env, sizes, *results, item_cost)), data
 
 
 if __name__ == "__main__":

@@ -34,10 +34,13 @@ def test_benchmark_functions_run_on_tiny_sizes_and_return_numbers(bench, tmp_pat
     assert bench.RESUME_OURS in report and "| --- |" in report
 
 
-def test_main_writes_the_markdown_report(bench, tmp_path, monkeypatch):
+def test_main_writes_the_markdown_report_and_the_results_the_figures_are_drawn_from(bench, tmp_path, monkeypatch):
     tiny = {"batch_size": 8, "per_batch": {0: (64, 1)}, "resume": (160, 1)}
     monkeypatch.setattr(bench, "QUICK_SIZES", tiny)
     out = tmp_path / "bench.md"
 
-    assert bench.main(["--quick", "--markdown", str(out)]) == 0
+    assert bench.main(["--quick", "--markdown", str(out), "--json", str(tmp_path / "loader.json")]) == 0
     assert "## B. Time to the first batch after resuming" in out.read_text(encoding="utf-8")
+    plot = load_script("benchmarks/plot.py", "plot")
+    assert plot.main([str(tmp_path), str(tmp_path / "figures")]) == 0
+    assert (tmp_path / "figures" / "resume.png").is_file() and (tmp_path / "figures" / "per_batch.png").is_file()

@@ -68,7 +68,7 @@ def test_benchmark_functions_run_on_tiny_sizes_and_return_numbers(bench):
     assert bench.RESUME_OURS in report and "| --- |" in report
 
 
-def test_main_writes_the_markdown_report(bench, tmp_path, monkeypatch):
+def test_main_writes_the_markdown_report_and_the_results_as_json(bench, tmp_path, monkeypatch):
     tiny = {
         "batch_size": 4,
         "per_batch": {bench.SMALL.label: {0: (4, 1)}},
@@ -79,8 +79,12 @@ def test_main_writes_the_markdown_report(bench, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "QUICK_SIZES", tiny)
     out = tmp_path / "stream.md"
 
-    assert bench.main(["--quick", "--markdown", str(out)]) == 0
+    assert bench.main(["--quick", "--markdown", str(out), "--json", str(tmp_path / "stream.json")]) == 0
     text = out.read_text(encoding="utf-8")
+    plot = load_script("benchmarks/plot.py", "plot")  # what make bench draws from the JSON
+    results = plot.load(tmp_path)
+    assert [title for title, _ in plot.resume_panels(results)] == ["iterable stream, 200 items, num_workers=0"]
+    assert [title for title, _ in plot.per_batch_panels(results)] == ["iterable stream, small state, num_workers=0"]
     assert "## C. Time to the first batch after resuming an iterable stream" in text
     assert "## B3. Cost of one state_dict() call mid-epoch" in text
     assert "## B2. What a loop with a 1 ms training step waits for" in text

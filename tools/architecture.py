@@ -1,0 +1,160 @@
+"""Draws docs/figures/architecture.png: the data path and the save and resume paths, each box a module.
+
+``make docs`` runs it. The module names live in :data:`MODULES` only (paths relative to the package
+folder): after a module moves, change its path there and run ``make docs``. ``tests/test_docs.py`` checks
+that every path named here exists, that every module of the package but its ``__init__.py`` files is drawn
+(or listed in :data:`NOT_DRAWN` with a reason), and that the committed PNG shows what this script draws
+(its :func:`fingerprint` is saved in the PNG).
+
+Usage::
+
+    python tools/architecture.py docs/figures/architecture.png
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+PACKAGE = "accelerate_stateful"
+
+# Role -> module path inside the package. The one place the figure names modules.
+MODULES = {
+    "accelerator": "accelerator.py",
+    "adapter": "_adapter.py",
+    "context": "_context.py",
+    "shard": "shard.py",
+    "order": "_order.py",
+    "position": "_position.py",
+    "dispatch": "dispatch.py",
+    "iterable": "iterable.py",
+    "stream": "_stream.py",
+    "channels": "_channels.py",
+    "snapshot": "_snapshot.py",
+    "sharded": "sharded.py",
+    "roundrobin": "roundrobin.py",
+    "skip": "skip.py",
+    "state": "_state.py",
+    "files": "_files.py",
+    "dcp": "dcp.py",
+    "errors": "errors.py",
+}
+# Modules of the package the figure leaves out on purpose, and why. Every ``__init__.py`` is left out too:
+# a front door re-exports the names the boxes show and does no step of its own.
+NOT_DRAWN: dict[str, str] = {}
+
+DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"
+
+
+@dataclass(frozen=True)
+class Box:
+    """A box: its centre, size, what happens there, and the modules that do it (keys of ``MODULES``)."""
+
+    x: float
+    y: float
+    w: float
+    h: float
+    title: str
+    modules: tuple = ()
+    color: str = DATA
+    caption: Optional[str] = None  # instead of modules, for what is not ours (the user's code)
+
+    def label(self) -> str:
+        return self.caption if self.caption is not None else "  ".join(MODULES[key] for key in self.modules)
+
+
+VARIANTS = [  # (title, modules): one per loader variant, in the order prepare() tries them
+    ("DispatchDataLoader: dispatch_batches", ("dispatch",)),
+    ("RoundRobinLoader: RoundRobinDataset", ("roundrobin", "snapshot")),
+    ("IterableShardDataLoader: IterableDataset", ("iterable", "stream", "channels", "snapshot", "sharded")),
+    ("ShardDataLoader: map-style", ("shard", "order", "position")),
+    ("SkipDataLoader: skip_first_batches", ("skip",)),
+]
+
+
+def boxes() -> tuple[list[Box], list[tuple[Box, Box, str]]]:
+    """Every box and every arrow ``(from, to, style)`` of the figure, in data coordinates (148 x 86)."""
+    user = Box(11, 66, 19, 9, "your DataLoader", caption="torch.utils.data")
+    prepare = Box(38, 66, 28, 9, "Accelerator.prepare", ("accelerator", "context"))
+    variants = [Box(87, 78 - 5.6 * i, 56, 4.8, title, modules) for i, (title, modules) in enumerate(VARIANTS)]
+    loop = Box(136.5, 66, 22, 9, "batches, in order", caption="your training loop")
+    columns = (17.5, 55.5, 93.5, 131.5)
+    save = [
+        Box(columns[0], 38, 33, 9, "save_state()", ("accelerator",), SAVE),
+        Box(columns[1], 38, 33, 9, "loader.state_dict()", ("adapter", "state"), SAVE),
+        Box(columns[2], 38, 33, 9, "JSON + safetensors per rank", ("files",), SAVE),
+        Box(columns[3], 38, 33, 9, "manifest, written last", ("files",), SAVE),
+    ]
+    resume = [
+        Box(columns[0], 14, 33, 9, "resume()", ("accelerator",), RESUME),
+        Box(columns[1], 14, 33, 9, "newest complete checkpoint", ("files",), RESUME),
+        Box(columns[2], 14, 33, 9, "validation", ("state", "adapter"), RESUME),
+        Box(columns[3], 14, 33, 9, "load_state_dict()", ("adapter",), RESUME),
+    ]
+    notes = [
+        Box(45, 3, 56, 4.5, "with torch.distributed.checkpoint instead of save_state", ("dcp",), NOTE),
+        Box(117, 3, 40, 4.5, "every refusal", ("errors",), NOTE),
+    ]
+    arrows = [(user, prepare, "-")] + [(prepare, v, "-") for v in variants] + [(v, loop, "-") for v in variants]
+    arrows += [(a, b, "-") for a, b in zip(save, save[1:])] + [(a, b, "-") for a, b in zip(resume, resume[1:])]
+    arrows.append((save[-1], resume[1], "--"))
+    return [user, prepare, *variants, loop, *save, *resume, *notes], arrows
+
+
+def fingerprint() -> str:
+    """What the figure says (every box's title and modules), hashed: saved in the PNG to tell a stale one."""
+    said = [(box.title, box.label()) for box in boxes()[0]]
+    return hashlib.sha256(json.dumps(said).encode()).hexdigest()[:16]
+
+
+def draw(path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    fig, ax = plt.subplots(figsize=(14.8, 8.6))
+    ax.set_xlim(-1, 149.5)
+    ax.set_ylim(0, 86)
+    ax.axis("off")
+    all_boxes, arrows = boxes()
+    for box in all_boxes:
+        ax.add_patch(FancyBboxPatch((box.x - box.w / 2, box.y - box.h / 2), box.w, box.h,
+                                    boxstyle="round,pad=0.3,rounding_size=1", facecolor=box.color,
+                                    edgecolor="#555555", linewidth=1))
+        small = box.h < 6
+        ax.text(box.x, box.y + (0.9 if small else 1.6), box.title, ha="center", va="center",
+                fontsize=9 if small else 10, weight="bold")
+        ax.text(box.x, box.y - (1.2 if small else 1.9), box.label(), ha="center", va="center",
+                fontsize=8 if small else 9, family="monospace", color="#333333")
+    for start, end, style in arrows:
+        vertical = style == "--"  # from one row down to another: leave by the bottom, enter by the top
+        ax.add_patch(FancyArrowPatch(_edge(start, end, vertical), _edge(end, start, vertical), arrowstyle="-|>",
+                                     mutation_scale=12,
+                                     linestyle=style, color="#444444", linewidth=1, shrinkA=2, shrinkB=2))
+    for y, text in ((83.5, "Data path"), (46, "Save path"), (22, "Resume path")):
+        ax.text(1, y, text, fontsize=13, weight="bold", color="#222222")
+    ax.text(87, 51.5, "each variant is a DataLoaderAdapter (" + MODULES["adapter"] + "): lifecycle, state template",
+            ha="center", fontsize=8.5, style="italic", color="#333333")
+    ax.text(148, -1.5, f"module paths are relative to {PACKAGE}/; drawn by tools/architecture.py",
+            ha="right", fontsize=7.5, color="#666666")
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None, "Description": fingerprint()})
+    plt.close(fig)
+
+
+def _edge(box: Box, toward: Box, vertical: bool = False) -> tuple[float, float]:
+    """Where an arrow from ``box`` toward ``toward`` leaves it: a side when they sit side by side, else top/bottom."""
+    dx, dy = toward.x - box.x, toward.y - box.y
+    if not vertical and abs(dx) >= (box.w + toward.w) / 2:
+        return box.x + (box.w / 2 + 0.4) * (1 if dx > 0 else -1), box.y
+    return box.x, box.y + (box.h / 2 + 0.4) * (1 if dy > 0 else -1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    draw(sys.argv[1])
