@@ -15,6 +15,7 @@ setup(
         "torchdata>=0.10",
         "safetensors>=0.4",
     ],
+    entry_points={"console_scripts": ["accelerate-stateful = accelerate_stateful._cli:main"]},
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0"],
     },
