@@ -2,15 +2,18 @@
 
 Commands: ``inspect``, ``verify``, ``samples``, ``diff`` (see ``docs/cli.md``). Exit codes:
 
-==  ========================================================================
-0   done; for ``verify``: the checkpoint is complete and every file matches
-1   ``verify`` found problems (each is printed with its file and the fix)
-2   bad arguments (argparse), or a loader, rank or step the checkpoint lacks
-3   the input cannot be read: a missing path, a folder that is not a
-    checkpoint, a damaged file, a format written by a newer release
-4   the question does not apply to this loader (``samples`` of a stream, or
-    of a loader whose order comes from a user's own sampler)
-==  ========================================================================
+==  ==========================================================================
+0   done; for ``inspect`` and ``verify``: the checkpoint is complete and intact
+1   the checkpoint is incomplete or damaged: ``verify`` prints each problem with
+    its file and the fix; ``inspect`` prints what it could read, and the first
+    problem on stderr
+2   bad arguments, or a loader, rank or step the checkpoint does not have
+3   the input cannot be read: a missing path, a folder that is not a checkpoint,
+    a format written by a newer release, a loader state a resume would refuse,
+    ``samples`` of an incomplete checkpoint
+4   the question does not apply to this loader (``samples`` of a stream, or of
+    an order drawn by a user's own sampler)
+==  ==========================================================================
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _fail(message: str, status: int) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelerate-stateful", description="Look inside the loader state of an accelerate-stateful checkpoint.",
-        epilog="exit codes: 0 ok, 1 verify found problems, 2 bad arguments, 3 unreadable input, "
+        epilog="exit codes: 0 ok, 1 incomplete or damaged checkpoint, 2 bad arguments, 3 unreadable input, "
                "4 question does not apply to this loader",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -93,8 +96,11 @@ def _print(value: object, as_json: bool, text: str) -> None:
 
 # --------------------------------------------------------------------------- commands
 def _inspect(args: argparse.Namespace) -> int:
-    report = describe(open_checkpoint(args.checkpoint))
+    ckpt = open_checkpoint(args.checkpoint)
+    report = describe(ckpt)
     _print(report, args.json, format_report(report))
+    if not ckpt.complete:  # what could be read is shown; the status says a resume would refuse it
+        return _fail(f"{ckpt.path} is incomplete or damaged: {ckpt.problems[0].message}", PROBLEMS)
     return OK
 
 
@@ -118,8 +124,12 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    change = diff_reports(describe(open_checkpoint(args.a)), describe(open_checkpoint(args.b)))
+    a, b = open_checkpoint(args.a), open_checkpoint(args.b)
+    change = diff_reports(describe(a), describe(b))
     _print(change, args.json, format_diff(change))
+    broken = next((c for c in (a, b) if not c.complete), None)
+    if broken is not None:  # compared as far as it could be read; a resume would refuse it
+        return _fail(f"{broken.path} is incomplete or damaged: {broken.problems[0].message}", PROBLEMS)
     return OK
 
 
@@ -159,7 +169,7 @@ def _rank_samples(states: list, rank: int, world: int, args: argparse.Namespace)
     if args.consumed:
         start, stop = 0, taken
     elif args.remaining:
-        start, stop = taken, total
+        start, stop = taken, None
     else:
         start, stop = args.step, args.step + 1
     batches = rank_batches(loader, start, stop)

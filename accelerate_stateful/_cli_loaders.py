@@ -12,7 +12,7 @@ with a resumed run.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -86,39 +86,43 @@ def fresh_loader(state: Mapping[str, Any], ctx: DistContext) -> Any:
                               drop_last=config.get("drop_last", False))
 
 
+def with_reader(states: list, rank: int) -> Mapping[str, Any]:
+    """``rank``'s state; a dispatcher's with the main process's reader, which that rank receives from it."""
+    own = states[rank]
+    if own[S.MODE] == DispatchDataLoader.mode and states[0] is not None:
+        own = {**own, S.BASE: states[0][S.BASE]}
+    return own
+
+
 def restored_loader(states: list, rank: int, world_size: int) -> Any:
     """The loader of ``rank`` of ``world_size`` resumed from every saved rank's ``states``, as ``load_state`` does.
 
-    On the saved world size each rank takes its own state (a dispatcher's non-main ranks see the main
-    process's reader, which they would receive from it); on another, the merged state of all.
+    On the saved world size each rank takes its own state; on another, the merged state of all.
     """
     ctx = DistContext(rank, world_size)
-    saved_world = len(states)
-    own = states[rank] if saved_world == world_size else states[0]
+    own = with_reader(states, rank if len(states) == world_size else 0)
     loader = fresh_loader(own, ctx)
-    if own[S.MODE] == DispatchDataLoader.mode:
-        own = {**own, S.BASE: states[0][S.BASE]}
-    if saved_world != world_size and loader.needs_all_ranks(own):
+    if len(states) != world_size and loader.needs_all_ranks(own):
         own = loader.merge_rank_states(states)
     loader.load_state_dict(own)
     return loader
 
 
-def rank_batches(loader: Any, start: int, stop: int) -> list[list[int]]:
-    """This rank's batches ``start`` to ``stop`` (exclusive) of the loader's epoch, as dataset indices.
+def rank_batches(loader: Any, start: int, stop: Optional[int] = None) -> list[list[int]]:
+    """This rank's batches ``start`` to ``stop`` (exclusive; ``None``: the epoch's end), as dataset indices.
 
     A shard loader's batches come from its own batch sampler over its plan (no sample is fetched); a
     dispatcher is run over the index dataset, since its parts are cut from concatenated global batches.
     """
-    stop = min(stop, len(loader))
-    if start >= stop:
-        return []
     if isinstance(loader, ShardDataLoader):
+        stop = len(loader) if stop is None else min(stop, len(loader))
+        if start >= stop:
+            return []
         sampler = _PlanBatchSampler()
         sampler.set_pass(loader._epoch_indices(), loader._plan, start)
         return list(itertools.islice(iter(sampler), stop - start))
     if loader.batches_yielded != start:
         loader._start_epoch(loader.epoch)  # from the epoch's start: a dispatcher's parts depend on its first step
     skip = loader.batches_yielded
-    batches = [batch.tolist() for batch in itertools.islice(iter(loader), stop - skip)]
-    return batches[start - skip:]
+    batches = iter(loader) if stop is None else itertools.islice(iter(loader), max(stop - skip, 0))
+    return [batch.tolist() for batch in batches][start - skip:]

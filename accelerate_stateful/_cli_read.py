@@ -175,6 +175,7 @@ def _read_state(ckpt: Checkpoint, loader: int, rank: int) -> None:
     except CheckpointError as exc:
         ckpt.problems.append(Problem(rel, str(exc)))
         return
+    _refuse_unknown_modes(state, path)
     written = state[S.TOPOLOGY].get("world_size")
     if written != ckpt.world_size:
         ckpt.problems.append(Problem(rel, (
@@ -187,3 +188,20 @@ def _read_state(ckpt: Checkpoint, loader: int, rank: int) -> None:
 def _from_future(state: Any) -> bool:
     version = state.get(S.VERSION) if isinstance(state, dict) else None
     return isinstance(version, int) and not isinstance(version, bool) and version > S.FORMAT_VERSION
+
+
+def _refuse_unknown_modes(state: dict, path: Path) -> None:
+    """A loader kind this release does not know was written by a newer one (or a dispatcher's reader was)."""
+    from .dispatch import DispatchDataLoader
+    from .iterable import IterableShardDataLoader
+    from .roundrobin import RoundRobinLoader
+    from .shard import ShardDataLoader
+
+    known = {cls.mode for cls in (ShardDataLoader, DispatchDataLoader, IterableShardDataLoader, RoundRobinLoader)}
+    reader = state.get(S.BASE) if state[S.MODE] == DispatchDataLoader.mode else None
+    for mode in (state[S.MODE], reader.get(S.MODE) if isinstance(reader, dict) else None):
+        if mode is not None and mode not in known:
+            raise UnreadableCheckpoint(
+                f"{path} holds a loader of the unknown mode {mode!r} (this release knows {sorted(known)}); it was "
+                "written by a newer release: upgrade accelerate-stateful to read it"
+            )

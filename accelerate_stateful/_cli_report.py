@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from . import _state as S
-from ._cli_loaders import is_map_style, restored_loader
+from ._cli_loaders import is_map_style, restored_loader, with_reader
 from ._cli_read import Checkpoint, UnreadableCheckpoint
 from .errors import StatefulLoaderError
 from .iterable import STREAM
@@ -36,11 +36,6 @@ def _loader(ckpt: Checkpoint, index: int) -> dict:
     states = [ckpt.states.get((index, rank)) for rank in range(ckpt.world_size)]
     present = [s for s in states if s is not None]
     first = present[0] if present else None
-    if first is not None and first[S.MODE] not in KINDS:
-        raise UnreadableCheckpoint(
-            f"{ckpt.path}: loader {index} has the unknown mode {first[S.MODE]!r}; it was written by a newer "
-            "release: upgrade accelerate-stateful to read it"
-        )
     reader = _reader_state(states)
     return {
         "loader": index,
@@ -76,7 +71,7 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
         "replayed_samples": None,
     }
     position = _reader_state(states) or state
-    if is_map_style(state):
+    if is_map_style(with_reader(states, rank)):
         row.update(_map_position(ckpt, index, states, rank))
     elif position[S.MODE] == "iterable-shard":
         row.update(_stream_position(position))
@@ -88,8 +83,6 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
 
 def _map_position(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
     """Length, progress and samples of a map-style loader, from the loader rebuilt and resumed from the state."""
-    if states[0] is None and states[rank][S.MODE] == "dispatch":  # a dispatcher's reader is the main process's, which could not be read
-        return {}
     try:
         loader = restored_loader(states, rank, len(states))
     except StatefulLoaderError as exc:
