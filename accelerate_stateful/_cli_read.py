@@ -170,10 +170,10 @@ def _read_state(ckpt: Checkpoint, loader: int, rank: int) -> None:
     except UnsupportedConfigError as exc:
         if _from_future(state):
             raise UnreadableCheckpoint(str(exc)) from None
-        ckpt.problems.append(Problem(rel, str(exc)))
+        _add_problem(ckpt, Problem(rel, str(exc)))
         return
     except CheckpointError as exc:
-        ckpt.problems.append(Problem(rel, str(exc)))
+        _add_problem(ckpt, Problem(rel, str(exc)))
         return
     _refuse_unknown_modes(state, path)
     written = state[S.TOPOLOGY].get("world_size")
@@ -183,6 +183,12 @@ def _read_state(ckpt: Checkpoint, loader: int, rank: int) -> None:
             "files of different runs, resume from another checkpoint")))
         return
     ckpt.states[(loader, rank)] = state
+
+
+def _add_problem(ckpt: Checkpoint, problem: Problem) -> None:
+    """Record a file's problem unless the manifest check already named that file (once per file is enough)."""
+    if all(p.file != problem.file for p in ckpt.problems):
+        ckpt.problems.append(problem)
 
 
 def _from_future(state: Any) -> bool:
