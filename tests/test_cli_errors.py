@@ -132,4 +132,4 @@ def test_nothing_in_a_checkpoint_is_ever_unpickled(ckpt, tmp_path):
         assert status in (1, 3)
     assert not marker.exists()
     status, out, _ = run_cli("verify", ckpt)
-    assert "loader_0.rank_1.json is not a valid JSON loader state" in out
+    assert f"PROBLEM {SUB}/loader_0.rank_1.json: " in out and "resume from another checkpoint" in out
