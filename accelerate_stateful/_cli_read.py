@@ -116,7 +116,12 @@ def _read_manifest(ckpt: Checkpoint) -> None:
         ckpt.problems.append(first)
         return
     version = manifest.get("manifest_version")
-    if not isinstance(version, int) or version > _files.MANIFEST_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool):
+        ckpt.problems.append(Problem(rel, (
+            f"{ckpt.path / rel} has no valid manifest_version ({version!r}); the file is damaged, resume from an "
+            "earlier checkpoint")))
+        return
+    if version > _files.MANIFEST_VERSION:
         raise UnreadableCheckpoint(
             f"{ckpt.path / rel} has manifest_version={version!r}, this accelerate-stateful reads up to "
             f"{_files.MANIFEST_VERSION}; it was written by a newer release: upgrade accelerate-stateful to read it"
@@ -141,7 +146,9 @@ def _parse_manifest(path: Path) -> Optional[dict]:
     """The manifest's JSON when it has the fields every version has, else ``None`` (the problem is recorded)."""
     try:
         manifest = json.loads(path.read_text("utf-8"), parse_constant=_files._reject_constant)
-        int(manifest["world_size"]), int(manifest["num_loaders"]), dict(manifest["files"])
+        int(manifest["world_size"]), int(manifest["num_loaders"])
+        if not all(isinstance(entry, dict) for entry in dict(manifest["files"]).values()):
+            return None
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return None
     return manifest

@@ -70,14 +70,21 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
         "logical_shards": None,
         "replayed_samples": None,
     }
-    position = _reader_state(states) or state
     if is_map_style(with_reader(states, rank)):
         row.update(_map_position(ckpt, index, states, rank))
-    elif position[S.MODE] == "iterable-shard":
-        row.update(_stream_position(position))
-    elif position[S.MODE] == "round-robin":
-        source = position.get(SOURCE)
-        row["replayed_samples"] = source["items"] if isinstance(source, Mapping) and "items" in source else 0
+        return row
+    position = _reader_state(states) or state
+    try:
+        if position[S.MODE] == "iterable-shard":
+            row.update(_stream_position(position))
+        elif position[S.MODE] == "round-robin":
+            source = position.get(SOURCE)
+            row["replayed_samples"] = source["items"] if isinstance(source, Mapping) and "items" in source else 0
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UnreadableCheckpoint(
+            f"{ckpt.path}: loader {index}, rank {rank}: the stream position is damaged ({exc!r}); resume from "
+            "another checkpoint"
+        ) from None
     return row
 
 

@@ -133,3 +133,26 @@ def test_nothing_in_a_checkpoint_is_ever_unpickled(ckpt, tmp_path):
     assert not marker.exists()
     status, out, _ = run_cli("verify", ckpt)
     assert f"PROBLEM {SUB}/loader_0.rank_1.json: " in out and "resume from another checkpoint" in out
+
+
+@pytest.mark.parametrize("text", ["{", json.dumps({"world_size": 2, "num_loaders": 1, "files": {}}),
+                                  json.dumps({"manifest_version": 1, "world_size": 2, "num_loaders": 1,
+                                              "files": {"x": 3}})])
+def test_a_damaged_manifest_makes_the_checkpoint_incomplete(ckpt, text):
+    (ckpt / SUB / _files.MANIFEST).write_text(text)
+    status, out, err = run_cli("verify", ckpt)
+    assert status == 1 and f"PROBLEM {SUB}/{_files.MANIFEST}: " in out and "resume from an" in out
+    status, out, err = run_cli("inspect", ckpt)
+    assert status == 1 and "complete    NO" in out and "is incomplete or damaged" in _one_error_line(err)
+
+
+def test_a_damaged_stream_position_is_refused_in_one_line(tmp_path):
+    from accelerate_stateful import IterableShardDataLoader
+    from streams import CountingStream
+
+    loader = IterableShardDataLoader.from_dataloader(DataLoader(CountingStream(10), batch_size=2), DistContext(0, 1))
+    state = loader.state_dict()
+    del state["stream"]["taken"]
+    ckpt = save_checkpoint(tmp_path / "stream", [[state]])
+    status, out, err = run_cli("inspect", ckpt)
+    assert status == 3 and out == "" and "the stream position is damaged" in _one_error_line(err)
