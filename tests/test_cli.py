@@ -189,3 +189,26 @@ def test_diff_names_a_change_of_topology_and_settings(run_dir, tmp_path):
     assert status == 0
     assert "loaders: 2 -> 1" in out and "loader 0: kind: shard -> dispatcher" in out
     assert "loader 0: dataset_length: 50 -> 45" in out and "loader 0 rank 0: batches taken: 2 -> 4" in out
+
+
+def test_diff_names_a_change_of_world_size_epoch_and_ranks_only_in_one(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from accelerate_stateful import DistContext, ShardDataLoader
+
+    from cli_run import save_checkpoint
+
+    def saved(world: int, epoch: int, batches: int, name: str) -> Path:
+        states = []
+        for rank in range(world):
+            loader = ShardDataLoader.from_dataloader(DataLoader(list(range(30)), batch_size=2), DistContext(rank, world))
+            loader.set_epoch(epoch)
+            loader.seek(batches)
+            states.append(loader.state_dict())
+        return save_checkpoint(tmp_path / name, [states])
+
+    status, out, err = run_cli("diff", saved(2, 0, 3, "a"), saved(3, 1, 1, "b"))
+    assert status == 0 and err == ""
+    for line in ("world size: 2 -> 3", "loader 0 rank 0: epoch: 0 -> 1", "loader 0 rank 0: batches taken: 3 -> 1",
+                 "loader 0 rank 0: samples consumed: 12 -> 6", "loader 0 rank 2: only in B"):
+        assert line in out.splitlines(), out
