@@ -107,13 +107,12 @@ def _read_manifest(ckpt: Checkpoint) -> None:
     rel = f"{_files.SUBDIR}/{_files.MANIFEST}"
     try:
         _files.read_manifest(ckpt.path)
-        verified = True
+        first = None
     except CheckpointError as exc:
-        verified = False
         first = Problem(rel, str(exc))
     manifest = _parse_manifest(ckpt.path / rel)
     if manifest is None:
-        ckpt.problems.append(first)
+        ckpt.problems.append(first or Problem(rel, f"{ckpt.path / rel} is damaged; resume from an earlier checkpoint"))
         return
     version = manifest.get("manifest_version")
     if not isinstance(version, int) or isinstance(version, bool):
@@ -128,18 +127,23 @@ def _read_manifest(ckpt: Checkpoint) -> None:
         )
     ckpt.manifest = manifest
     ckpt.world_size, ckpt.num_loaders = int(manifest["world_size"]), int(manifest["num_loaders"])
-    if not verified:
-        for name, entry in manifest["files"].items():
-            try:
-                _files._check_file(ckpt.path, name, entry)
-            except CheckpointError as exc:
-                ckpt.problems.append(Problem(name, str(exc)))
+    if first is not None:
+        _check_listed_files(ckpt, manifest["files"])
         if not ckpt.problems:
             ckpt.problems.append(first)
     for name in _unlisted(ckpt.path, manifest["files"]):
         ckpt.problems.append(Problem(name, (
             f"{ckpt.path / name} is not listed in the manifest: it was added after the save or belongs to "
             "another one; remove it, or resume from another checkpoint")))
+
+
+def _check_listed_files(ckpt: Checkpoint, files: dict) -> None:
+    """Every listed file's problem, in the words of the package's own check (which stops at the first)."""
+    for name, entry in files.items():
+        try:
+            _files._check_file(ckpt.path, name, entry)
+        except CheckpointError as exc:
+            ckpt.problems.append(Problem(name, str(exc)))
 
 
 def _parse_manifest(path: Path) -> Optional[dict]:
