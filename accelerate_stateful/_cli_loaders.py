@@ -20,14 +20,26 @@ from . import _state as S
 from ._context import DistContext
 from ._order import EpochOrder, SequentialOrder, ShuffledOrder
 from .dispatch import DispatchDataLoader
-from .errors import StatefulLoaderError
+from .errors import CheckpointError, StatefulLoaderError
+from .iterable import IterableShardDataLoader
+from .roundrobin import RoundRobinLoader
 from .shard import ShardDataLoader, _PlanBatchSampler
 
+# Every loader kind this release writes, by the mode its state records, and the name the tool shows.
+KINDS = {
+    ShardDataLoader.mode: "shard",
+    DispatchDataLoader.mode: "dispatcher",
+    IterableShardDataLoader.mode: "stream",
+    RoundRobinLoader.mode: "round-robin",
+}
 _REPRODUCIBLE = {SequentialOrder.kind: SequentialOrder, ShuffledOrder.kind: ShuffledOrder}
 
 
 class NotAnswerable(StatefulLoaderError):
-    """The question cannot be answered from this checkpoint alone (a stream, a user's own sampler)."""
+    """The question cannot be answered from this checkpoint alone (a stream, a user's own sampler).
+
+    Raised to the command line only, which turns it into its own exit status.
+    """
 
 
 class RecordedOrder(EpochOrder):
@@ -51,7 +63,8 @@ def is_map_style(state: Mapping[str, Any]) -> bool:
     if state[S.MODE] == ShardDataLoader.mode:
         return True
     base = state.get(S.BASE)
-    return state[S.MODE] == DispatchDataLoader.mode and isinstance(base, Mapping) and base.get(S.MODE) == "shard"
+    reads_map = isinstance(base, Mapping) and base.get(S.MODE) == ShardDataLoader.mode
+    return state[S.MODE] == DispatchDataLoader.mode and reads_map
 
 
 def _shard(config: Mapping[str, Any], state: Mapping[str, Any], ctx: DistContext) -> ShardDataLoader:
@@ -64,7 +77,7 @@ def _shard(config: Mapping[str, Any], state: Mapping[str, Any], ctx: DistContext
             split_batches=config["split_batches"],
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise StatefulLoaderError(
+        raise CheckpointError(
             f"the saved loader settings {dict(config)!r} are incomplete or invalid ({exc!r}); the file is damaged "
             "or was edited by hand"
         ) from None

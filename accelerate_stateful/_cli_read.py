@@ -17,13 +17,15 @@ from typing import Any, Optional
 
 from . import _files
 from . import _state as S
-from .errors import CheckpointError, StatefulLoaderError, UnsupportedConfigError
+from ._cli_loaders import KINDS
+from .dispatch import DispatchDataLoader
+from .errors import CheckpointError, UnsupportedConfigError
 
 _LOADER_FILE = re.compile(r"^loader_(\d+)\.rank_(\d+)\.json$")
 
 
-class UnreadableCheckpoint(StatefulLoaderError):
-    """The input cannot be read as a checkpoint at all; the message is one line saying why and what to do."""
+class UnreadableCheckpoint(CheckpointError):
+    """The input cannot be read as a checkpoint at all; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -209,16 +211,10 @@ def _from_future(state: Any) -> bool:
 
 def _refuse_unknown_modes(state: dict, path: Path) -> None:
     """A loader kind this release does not know was written by a newer one (or a dispatcher's reader was)."""
-    from .dispatch import DispatchDataLoader
-    from .iterable import IterableShardDataLoader
-    from .roundrobin import RoundRobinLoader
-    from .shard import ShardDataLoader
-
-    known = {cls.mode for cls in (ShardDataLoader, DispatchDataLoader, IterableShardDataLoader, RoundRobinLoader)}
     reader = state.get(S.BASE) if state[S.MODE] == DispatchDataLoader.mode else None
     for mode in (state[S.MODE], reader.get(S.MODE) if isinstance(reader, dict) else None):
-        if mode is not None and mode not in known:
+        if mode is not None and mode not in KINDS:
             raise UnreadableCheckpoint(
-                f"{path} holds a loader of the unknown mode {mode!r} (this release knows {sorted(known)}); it was "
+                f"{path} holds a loader of the unknown mode {mode!r} (this release knows {sorted(KINDS)}); it was "
                 "written by a newer release: upgrade accelerate-stateful to read it"
             )

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from . import _state as S
-from ._cli_loaders import is_map_style, restored_loader, with_reader
+from ._cli_loaders import KINDS, is_map_style, restored_loader, with_reader
 from ._cli_read import Checkpoint, UnreadableCheckpoint
+from .dispatch import DispatchDataLoader
 from .errors import StatefulLoaderError
-from .iterable import STREAM
-from .roundrobin import SOURCE
+from .iterable import STREAM, IterableShardDataLoader
+from .roundrobin import SOURCE, RoundRobinLoader
 from .sharded import merge_positions
 
 SCHEMA_VERSION = 1
-KINDS = {"shard": "shard", "dispatch": "dispatcher", "iterable-shard": "stream", "round-robin": "round-robin"}
 _LOGICAL = {"positions", "done", "next"}  # the keys of a LogicalShardStream's state
 
 
@@ -50,7 +50,7 @@ def _loader(ckpt: Checkpoint, index: int) -> dict:
 def _reader_state(states: list) -> Optional[Mapping[str, Any]]:
     """A dispatcher's reader (saved by the main process only), else ``None``."""
     main = states[0] if states else None
-    if main is None or main[S.MODE] != "dispatch" or not isinstance(main.get(S.BASE), Mapping):
+    if main is None or main[S.MODE] != DispatchDataLoader.mode or not isinstance(main.get(S.BASE), Mapping):
         return None
     return main[S.BASE]
 
@@ -75,9 +75,9 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
         return row
     position = _reader_state(states) or state
     try:
-        if position[S.MODE] == "iterable-shard":
+        if position[S.MODE] == IterableShardDataLoader.mode:
             row.update(_stream_position(position))
-        elif position[S.MODE] == "round-robin":
+        elif position[S.MODE] == RoundRobinLoader.mode:
             source = position.get(SOURCE)
             row["replayed_samples"] = source["items"] if isinstance(source, Mapping) and "items" in source else 0
     except (KeyError, TypeError, AttributeError) as exc:

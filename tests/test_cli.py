@@ -201,7 +201,8 @@ def test_diff_names_a_change_of_world_size_epoch_and_ranks_only_in_one(tmp_path)
     def saved(world: int, epoch: int, batches: int, name: str) -> Path:
         states = []
         for rank in range(world):
-            loader = ShardDataLoader.from_dataloader(DataLoader(list(range(30)), batch_size=2), DistContext(rank, world))
+            dl = DataLoader(list(range(30)), batch_size=2)
+            loader = ShardDataLoader.from_dataloader(dl, DistContext(rank, world))
             loader.set_epoch(epoch)
             loader.seek(batches)
             states.append(loader.state_dict())
