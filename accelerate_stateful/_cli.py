@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -49,6 +50,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _fail(str(exc), NOT_APPLICABLE)
     except StatefulLoaderError as exc:  # UnreadableCheckpoint, and a state the loader itself refuses
         return _fail(str(exc), UNREADABLE)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as the Python docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
 
 
 def _fail(message: str, status: int) -> int:
