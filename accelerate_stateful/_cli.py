@@ -148,9 +148,9 @@ def _samples(args: argparse.Namespace) -> int:
         raise _UsageError(f"--loader {args.loader}: the checkpoint has {ckpt.num_loaders} loader(s), numbered from 0")
     states = ckpt.rank_states(args.loader)
     world = ckpt.world_size if args.world_size is None else args.world_size
-    if args.world_size is not None and (not args.remaining or world < 1):
-        raise _UsageError("--world-size needs --remaining and a count of at least 1: after an elastic resume "
-                          "nothing is consumed yet, only the rest of the epoch is read")
+    if world < 1 or (world != ckpt.world_size and not args.remaining):
+        raise _UsageError(f"--world-size {world} needs --remaining and a count of at least 1: after an elastic "
+                          "resume nothing is consumed yet, only the rest of the epoch is read")
     ranks = range(world) if args.rank is None else [args.rank]
     if not all(0 <= r < world for r in ranks):
         raise _UsageError(f"--rank {args.rank}: the {'resumed run' if args.world_size else 'checkpoint'} has "
