@@ -163,7 +163,8 @@ def test_samples_refuse_an_order_drawn_by_a_users_own_sampler(tmp_path):
     (("--loader", 1, "--remaining"), "the checkpoint has 1 loader(s)"),
     (("--rank", 2, "--remaining"), "has 2 rank(s)"),
     (("--step", 99), "--step 99: rank 0 has 6 batches"),
-    (("--consumed", "--world-size", 3), "--world-size needs --remaining"),
+    (("--consumed", "--world-size", 3), "--world-size 3 needs --remaining"),
+    (("--remaining", "--world-size", 0), "a count of at least 1"),
 ])
 def test_samples_refuse_a_loader_rank_or_step_the_checkpoint_lacks(tmp_path, args, message):
     cfg = dict(world=2, shuffle=False, drop_last=False, even=True, split=False, bs=2)
