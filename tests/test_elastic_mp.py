@@ -16,6 +16,7 @@ import pytest
 
 from accelerate_stateful import DistContext, ShardDataLoader
 
+from cli_run import cli_json
 from harness import through_files
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -85,3 +86,13 @@ def test_a_run_continued_on_2_3_2_1_2_processes_delivers_exactly_the_simulated_b
     for epoch, ids in delivered_per_epoch.items():
         assert set(ids) == set(range(mp_elastic.SAMPLES)), f"epoch {epoch} lost samples"
         assert len(ids) - mp_elastic.SAMPLES < 3 * 3 * 2, f"epoch {epoch} repeated more than the padding"
+    # `accelerate-stateful samples --world-size` predicts, from the last two checkpoints alone (2 -> 1 and
+    # 1 -> 2 processes), what each rank of the next launch read in the rest of the epoch.
+    for number, resumed in ((2, 3), (3, 4)):
+        world, stop_epoch = CHAIN[resumed][0], CHAIN[resumed - 1][2]
+        predicted = cli_json("samples", tmp_path / "checkpoints" / f"checkpoint_{number}", "--remaining",
+                             "--world-size", world)
+        for rank in range(world):
+            lines = (tmp_path / f"launch{resumed}.rank{rank}.jsonl").read_text().splitlines()
+            read = [row["ids"] for row in map(json.loads, lines) if row["epoch"] == stop_epoch]
+            assert read and [b["indices"] for b in predicted["ranks"][rank]["batches"]] == read, (resumed, rank)
