@@ -10,7 +10,7 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _checkpoints, _files, _resume
+from . import _checkpoints, _files, _resume, _teardown
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
@@ -175,6 +175,12 @@ class Accelerator(accelerate.Accelerator):
             return None
         self._load_verified(*found)
         return found[0]
+
+    def end_training(self) -> None:
+        """Accelerate's ``end_training``, once the process group's threads are idle (see ``_teardown``):
+        destroying it while one of them waits for the GIL hangs the process at its exit."""
+        _teardown.settle()
+        super().end_training()
 
     # ----------------------------------------------------------------- internals
     def _checkpoint_root(self) -> Path:

@@ -1,7 +1,7 @@
 """Many short 2-process launches in a row: does every one of them end?
 
-Each launch trains ``examples/train.py`` on 2 real processes (gloo) with data-loading workers, saves
-checkpoints and calls ``accelerator.end_training()``. A launch that has not exited ``hang_s`` seconds
+Each launch runs ``mp_soak.py`` on 2 real processes (gloo): every kind of loader with data-loading
+workers, a checkpoint, one loader abandoned mid-epoch, ``accelerator.end_training()``. A launch that has not exited ``hang_s`` seconds
 after its start counts as a hang: its ranks get SIGABRT first, so that Python's fault handler
 (``PYTHONFAULTHANDLER=1``) prints every thread's stack into the log, then the whole job is killed.
 A launch whose output holds "terminate called" (a C++ thread still running when the process ended)
@@ -35,6 +35,7 @@ class Launch:
     seconds: float
     returncode: int | None  # None: it hung and was killed
     terminate_message: bool
+    work_done: bool  # both ranks got to the end of the script
     log: str
 
     @property
@@ -48,14 +49,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _env() -> dict[str, str]:
+def launch_env() -> dict[str, str]:
     launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_", "ACCELERATE_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_vars)}
     env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     return env
 
 
-def command(out: Path, script: Path, script_args: list[str]) -> list[str]:
+def command(script: Path, script_args: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -64,22 +65,16 @@ def command(out: Path, script: Path, script_args: list[str]) -> list[str]:
     ]
 
 
-def train_args(out: Path) -> list[str]:
-    """A short run: 2 epochs of 5 steps, 2 workers per rank, a checkpoint every 3 steps."""
-    return ["--out", str(out), "--num-workers", "2", "--epochs", "2", "--samples", "70", "--batch-size", "7",
-            "--save-every", "3"]
-
-
 def launch_once(index: int, out: Path, hang_s: float, script: Path | None = None,
                 script_args: list[str] | None = None) -> Launch:
     """One launch; a hang is dumped (SIGABRT to the ranks) and killed, never waited on past ``hang_s``."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "launch.log"
-    script = script or ROOT / "examples" / "train.py"
-    script_args = train_args(out / "run") if script_args is None else script_args
+    script = script or ROOT / "tests" / "mp_soak.py"
+    script_args = [str(out)] if script_args is None else script_args
     started = time.monotonic()
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(command(out, script, script_args), cwd=ROOT, env=_env(), stdout=sink,
+        proc = subprocess.Popen(command(script, script_args), cwd=ROOT, env=launch_env(), stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         returncode = proc.wait(timeout=hang_s)
@@ -88,7 +83,8 @@ def launch_once(index: int, out: Path, hang_s: float, script: Path | None = None
         _dump_and_kill(proc)
     seconds = time.monotonic() - started
     text = log.read_text(errors="replace")
-    return Launch(index, round(seconds, 2), returncode, TERMINATE in text, str(log))
+    done = all((out / f"done_rank{rank}").exists() for rank in range(2))
+    return Launch(index, round(seconds, 2), returncode, TERMINATE in text, done, str(log))
 
 
 def _dump_and_kill(proc: subprocess.Popen) -> None:
