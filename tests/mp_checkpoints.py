@@ -1,17 +1,21 @@
-"""Launched on 2 processes by ``test_checkpoints_mp.py``: checkpoints in folders the ranks do not share.
+"""Launched as 2 nodes of 1 process each by ``test_checkpoints_mp.py``: checkpoints in folders the ranks do
+not share, as on node-local disks.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/mp_checkpoints.py OUT
+    accelerate launch --multi_gpu --num_machines 2 --machine_rank R --num_processes 2 ... tests/mp_checkpoints.py OUT
+
+Each process is its node's local main process, so with ``save_on_each_node=True`` each writes the model
+into its own folder, as it would on a node-local disk.
 
 Scenarios, in order (each rank appends a verdict per scenario to ``OUT/rank<r>.json``):
 
 1. ``accelerate-data-loop``: Accelerate's own ``test_stateful_dataloader_save_state`` (iterable and
    map-style), which saves into a temporary folder of each process's own, with this package's Accelerator;
 2. ``per-process-projects``: automatic naming, ``save_on_each_node=True``, ``total_limit=2``, a project
-   folder per process; one folder misses the newest checkpoint's manifest, and ``resume()`` must agree
-   on the newest checkpoint complete on both ranks and continue exactly; numbering continues after the
-   newest checkpoint any rank has;
-3. ``shared-save-on-each-node``: one folder both ranks share, with a model, ``save_on_each_node=True``:
-   one manifest listing both ranks, an exact resume;
+   folder per node, a model (DDP); one folder misses the newest checkpoint's manifest, and ``resume()``
+   must agree on the newest checkpoint complete on both ranks, load its model and continue exactly;
+   numbering continues after the newest checkpoint any rank has;
+3. ``shared-save-on-each-node``: one folder both nodes share, ``save_on_each_node=True``: one manifest
+   listing both ranks, an exact resume;
 4. ``main-only-save``: ``if accelerator.is_main_process: accelerator.save_state(...)`` while the other
    rank goes on to a collective; the main process must raise within ``ACCELERATE_STATEFUL_ENTRY_TIMEOUT``
    and the job end (the test requires a non-zero exit and the message).
@@ -52,12 +56,14 @@ def accelerate_data_loop(out: Path, rank: int) -> None:
 def per_process_projects(out: Path, rank: int) -> None:
     project = out / f"project_rank{rank}"
     accelerator = stateful(project, total_limit=2, save_on_each_node=True)
-    dl = loader(accelerator)
+    model, dl = accelerator.prepare(torch.nn.Linear(1, 1), loader(accelerator))
     it = iter(dl)
     taken = [next(it).tolist() for _ in range(4)]
     paths = []
-    for _ in range(3):
+    for number in range(3):
         taken.append(next(it).tolist())
+        with torch.no_grad():
+            model.module.weight.fill_(float(number))
         paths.append(accelerator.save_state())
     rest = [b.tolist() for b in it]
     names = [p.name for p in paths]
@@ -70,6 +76,7 @@ def per_process_projects(out: Path, rank: int) -> None:
         (paths[-1] / _files.SUBDIR / _files.MANIFEST).unlink()
     resumed = accelerator.resume()
     check(resumed is not None and resumed.name == "checkpoint_1", f"resumed from {resumed}")
+    check(model.module.weight.item() == 1.0, f"the model of checkpoint_1 was loaded: {model.module.weight.item()}")
     again = [b.tolist() for b in dl]
     check(again == taken[-1:] + rest, f"after resume: {again}, expected {taken[-1:] + rest}")
     following = accelerator.save_state()
@@ -80,8 +87,7 @@ def per_process_projects(out: Path, rank: int) -> None:
 
 def shared_save_on_each_node(out: Path, rank: int) -> None:
     accelerator = stateful(out / "shared", save_on_each_node=True)
-    model = torch.nn.Linear(1, 1)
-    model, dl = accelerator.prepare(model, loader(accelerator))
+    dl = loader(accelerator)
     it = iter(dl)
     next(it)
     path = accelerator.save_state()

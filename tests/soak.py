@@ -43,7 +43,7 @@ class Launch:
         return self.returncode is None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -60,7 +60,7 @@ def command(script: Path, script_args: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--num_cpu_threads_per_process", "1", "--main_process_port", str(_free_port()),
+        "--num_cpu_threads_per_process", "1", "--main_process_port", str(free_port()),
         str(script), *script_args,
     ]
 

@@ -1,8 +1,8 @@
 """Checkpoint handling with 2 real processes (gloo): folders the ranks do not share, a save called on the
 main process only, and launches that always end.
 
-One launch runs every scenario of ``mp_checkpoints.py``; the soak runs a few launches of
-``examples/train.py`` (``make soak`` runs 100).
+One job of 2 simulated nodes (two launchers of 1 process each, on this host) runs every scenario of
+``mp_checkpoints.py``; the soak runs a few launches of ``mp_soak.py`` (``make soak`` runs 100).
 """
 
 from __future__ import annotations
@@ -26,28 +26,48 @@ ENTRY_TIMEOUT_S = 5
 LAUNCH_TIMEOUT_S = 120
 
 
-@pytest.mark.multiprocess
-@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
-def test_per_process_folders_resume_on_2_processes_and_a_main_only_save_fails_fast(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
+def _two_nodes(out: Path) -> list[subprocess.Popen]:
+    """Two launchers, one per simulated node, each starting 1 process: node-local folders on one host."""
     env = soak.launch_env()
     env["ACCELERATE_STATEFUL_ENTRY_TIMEOUT"] = str(ENTRY_TIMEOUT_S)
-    command = soak.command(SCRIPT, [str(out)])
-    started = time.monotonic()
-    proc = subprocess.Popen(command, cwd=soak.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    port = soak.free_port()
+    procs = []
+    for node in range(2):
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+            "--machine_rank", str(node), "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+            "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--num_cpu_threads_per_process", "1", str(SCRIPT), str(out),
+        ]
+        procs.append(subprocess.Popen(command, cwd=soak.ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen]) -> tuple[list[int], str]:
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    outputs = []
     try:
-        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        for proc in procs:
+            output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outputs.append(output)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the launch hung: still running after {LAUNCH_TIMEOUT_S} s:\n{output[-5000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    print(f"the launch ended after {time.monotonic() - started:.1f} s with status {proc.returncode}")
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        text = "\n".join(p.communicate()[0] or "" for p in procs)
+        pytest.fail(f"the launch hung: still running after {LAUNCH_TIMEOUT_S} s:\n{text[-5000:]}")
+    return [p.returncode for p in procs], "\n".join(outputs)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_node_local_folders_resume_on_2_nodes_and_a_main_only_save_fails_fast(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    started = time.monotonic()
+    codes, output = _wait(_two_nodes(out))
+    print(f"the launch ended after {time.monotonic() - started:.1f} s with status {codes}")
 
     failures = []
     for rank in range(2):
@@ -59,7 +79,7 @@ def test_per_process_folders_resume_on_2_processes_and_a_main_only_save_fails_fa
         failures += [f"{r['id']} on rank {rank}: {r['detail']}" for r in results if not r["passed"]]
     assert not failures, "\n\n".join(failures) + f"\n\nlaunch output (end):\n{output[-4000:]}"
     # The mistake of the last scenario ends the job with the fix, not at the collective timeout.
-    assert proc.returncode != 0, output[-4000:]
+    assert codes[0] != 0, output[-4000:]
     assert "accelerator.save_state() was called on rank 0, but rank(s) [1] did not call it" in output, output[-4000:]
     assert "call accelerator.save_state() on every process" in output
 
