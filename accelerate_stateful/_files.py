@@ -215,24 +215,29 @@ def read_loader_state(checkpoint: Path, loader: int, rank: int, manifest: Option
             f"{json_path} is not a valid JSON loader state ({exc}); the file is truncated or damaged, "
             "resume from another checkpoint"
         ) from None
-    tensor_path = state_file(checkpoint, loader, rank, "safetensors")
-    tensors: dict[str, torch.Tensor] = {}
-    listed = manifest is not None and tensor_path.relative_to(checkpoint).as_posix() in manifest["files"]
-    if listed or (manifest is None and _size(tensor_path) is not None):
-        raw_tensors = _read_bytes(tensor_path) if _size(tensor_path) is not None else None
-        if raw_tensors is None:
-            raise CheckpointError(
-                f"{checkpoint} is incomplete: {tensor_path.name} is listed in its manifest but missing; resume "
-                "from another checkpoint"
-            )
-        _check_bytes(checkpoint, tensor_path, raw_tensors, manifest)
-        try:
-            tensors = st_load(raw_tensors)
-        except Exception as exc:  # safetensors raises its own SafetensorError
-            raise CheckpointError(
-                f"{tensor_path} is not a valid safetensors file ({exc}); resume from another checkpoint"
-            ) from None
+    tensors = _read_tensors(checkpoint, state_file(checkpoint, loader, rank, "safetensors"), manifest)
     return decode(tree, tensors, str(json_path))
+
+
+def _read_tensors(checkpoint: Path, path: Path, manifest: Optional[dict]) -> dict[str, torch.Tensor]:
+    """The tensors of a state: from its safetensors file where the manifest lists one (or, without a
+    manifest, where there is one)."""
+    if manifest is not None and Path(path).relative_to(checkpoint).as_posix() not in manifest["files"]:
+        return {}
+    size = _size(path)
+    if size is None and manifest is None:
+        return {}
+    if size is None:
+        raise CheckpointError(
+            f"{checkpoint} is incomplete: {path.name} is listed in its manifest but missing; resume from another "
+            "checkpoint"
+        )
+    raw = _read_bytes(path)
+    _check_bytes(checkpoint, path, raw, manifest)
+    try:
+        return st_load(raw)
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise CheckpointError(f"{path} is not a valid safetensors file ({exc}); resume from another checkpoint") from None
 
 
 def _reject_constant(name: str) -> Any:
