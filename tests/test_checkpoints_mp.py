@@ -21,7 +21,7 @@ import soak
 from mp_checkpoints import SCENARIOS
 
 SCRIPT = Path(__file__).with_name("mp_checkpoints.py")
-ENTRY_TIMEOUT_S = 5
+ENTRY_TIMEOUT_S = 3
 # gloo's own collective timeout is 30 min; a save on one process used to wait for all of it.
 LAUNCH_TIMEOUT_S = 120
 
