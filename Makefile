@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench docs docs-check torture clean
+.PHONY: install test test-fast demo bench docs docs-check torture soak clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ torture: install
 	TORTURE_KILLS=50 TORTURE_LIMITS=1,3 TORTURE_SEED=$${TORTURE_SEED:-$$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')} \
 		$(PY) -m pytest -q -s tests/test_torture.py
 
+# 100 short 2-process launches (every loader kind, workers, a checkpoint, end_training): none may hang at exit.
+soak: install
+	$(PY) tests/soak.py --launches $${SOAK_LAUNCHES:-100} --out soak_out
+
 # The tables print; the results also go to bench_out/*.json, drawn into docs/figures/*.png (commit those).
 bench: install
 	mkdir -p bench_out
@@ -49,4 +53,4 @@ docs-check: docs
 	$(PY) tools/check_site.py site --screenshots site-check
 
 clean:
-	rm -rf $(VENV) demo_runs bench_out site site-check .pytest_cache
+	rm -rf $(VENV) demo_runs bench_out site site-check soak_out .pytest_cache

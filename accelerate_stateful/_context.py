@@ -53,6 +53,14 @@ class DistContext:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (``[value]`` without a process group)."""
+        if not self.is_collective:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
     def barrier(self) -> None:
         if self.is_collective:
             dist.barrier()

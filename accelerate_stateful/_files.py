@@ -10,7 +10,13 @@ Layout inside a checkpoint directory::
     <checkpoint>/accelerate_stateful/
         loader_0.rank_0.json          one file per loader per rank
         loader_0.rank_0.safetensors   only when that state holds tensors
-        MANIFEST.json                 written last, by the main process, after every rank finished
+        MANIFEST.json                 written last, after every rank finished, by one process per folder
+
+Where ranks do not share the folder (node-local disks, a folder per process), each folder gets a
+manifest of its own listing the ranks whose states it holds (see ``_checkpoints``).
+
+``IO`` counts the files this module opens for reading and the ``stat`` calls it makes, so that a
+benchmark can report the reads a resume costs each rank.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -27,16 +34,35 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from ._versions import refuse_unknown_version
 from .errors import CheckpointError, StateSerializationError
 
 SUBDIR = "accelerate_stateful"
 MANIFEST = "MANIFEST.json"
 MANIFEST_VERSION = 1
+SUPPORTED_MANIFEST_VERSIONS = (1,)
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 
 # Markers of the JSON encoding; a user dict may not use these as its only key.
 _TENSOR, _TUPLE, _BYTES, _PAIRS = "__tensor__", "__tuple__", "__bytes__", "__pairs__"
 _MARKERS = {_TENSOR, _TUPLE, _BYTES, _PAIRS}
+
+# Reads made by this module: "open" (a file read), "stat" (a size or existence check).
+IO: Counter = Counter()
+
+
+def _read_bytes(path: Path) -> bytes:
+    IO["open"] += 1
+    return Path(path).read_bytes()
+
+
+def _size(path: Path) -> Optional[int]:
+    """The size of ``path``, or ``None`` where it is not a file."""
+    IO["stat"] += 1
+    try:
+        return path.stat().st_size if path.is_file() else None
+    except OSError:
+        return None
 
 
 # --------------------------------------------------------------------------- encoding
@@ -128,6 +154,7 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _sha256(path: Path) -> str:
+    IO["open"] += 1
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -142,28 +169,45 @@ def state_file(checkpoint: Path, loader: int, rank: int, suffix: str = "json") -
 
 def write_loader_state(checkpoint: Path, loader: int, rank: int, state: Any) -> list[Path]:
     """Write one rank's state of one loader; returns the files written."""
+    return [Path(checkpoint) / rel for rel in write_encoded(checkpoint, loader, rank, encode_state(state))]
+
+
+def encode_state(state: Any) -> dict[str, bytes]:
+    """The file contents of one loader state, by suffix: ``json`` and, where it holds tensors, ``safetensors``."""
     tree, tensors = encode(state)
-    (Path(checkpoint) / SUBDIR).mkdir(parents=True, exist_ok=True)
-    written = []
+    contents = {"json": json.dumps(tree, sort_keys=True, allow_nan=False).encode()}
     if tensors:
-        tensor_path = state_file(checkpoint, loader, rank, "safetensors")
-        write_atomic(tensor_path, st_save(tensors))
-        written.append(tensor_path)
-    json_path = state_file(checkpoint, loader, rank)
-    write_atomic(json_path, json.dumps(tree, sort_keys=True, allow_nan=False).encode())
-    written.append(json_path)
-    return written
+        contents["safetensors"] = st_save(tensors)
+    return contents
 
 
-def read_loader_state(checkpoint: Path, loader: int, rank: int) -> Any:
-    """Read one rank's state of one loader, refusing anything that is not our own format."""
+def write_encoded(checkpoint: Path, loader: int, rank: int, contents: dict[str, bytes]) -> dict[str, dict]:
+    """Write :func:`encode_state`'s files (the JSON last); returns their manifest entries (size, sha256)."""
+    (Path(checkpoint) / SUBDIR).mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for suffix in sorted(contents, key=lambda s: s == "json"):
+        path = state_file(checkpoint, loader, rank, suffix)
+        write_atomic(path, contents[suffix])
+        rel = path.relative_to(checkpoint).as_posix()
+        entries[rel] = {"size": len(contents[suffix]), "sha256": hashlib.sha256(contents[suffix]).hexdigest()}
+    return entries
+
+
+def read_loader_state(checkpoint: Path, loader: int, rank: int, manifest: Optional[dict] = None) -> Any:
+    """Read one rank's state of one loader, refusing anything that is not our own format.
+
+    With ``manifest``, each file read is checked against its entry (size and sha256) from the bytes read,
+    so a rank verifies its own state without reading anything twice.
+    """
     json_path = state_file(checkpoint, loader, rank)
-    if not json_path.is_file():
+    if _size(json_path) is None:
         raise CheckpointError(
             f"{json_path} is missing: the checkpoint has no state for loader {loader} on rank {rank}; "
             "it was written by another number of processes or loaders, or is damaged; resume from another checkpoint"
         )
-    raw = json_path.read_bytes()
+    raw = _read_bytes(json_path)
+    if manifest is not None:
+        _check_bytes(checkpoint, json_path, raw, manifest)
     try:
         tree = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -171,26 +215,68 @@ def read_loader_state(checkpoint: Path, loader: int, rank: int) -> Any:
             f"{json_path} is not a valid JSON loader state ({exc}); the file is truncated or damaged, "
             "resume from another checkpoint"
         ) from None
-    tensor_path = state_file(checkpoint, loader, rank, "safetensors")
-    tensors: dict[str, torch.Tensor] = {}
-    if tensor_path.is_file():
-        try:
-            tensors = st_load(tensor_path.read_bytes())
-        except Exception as exc:  # safetensors raises its own SafetensorError
-            raise CheckpointError(
-                f"{tensor_path} is not a valid safetensors file ({exc}); resume from another checkpoint"
-            ) from None
+    tensors = _read_tensors(checkpoint, state_file(checkpoint, loader, rank, "safetensors"), manifest)
     return decode(tree, tensors, str(json_path))
+
+
+def _read_tensors(checkpoint: Path, path: Path, manifest: Optional[dict]) -> dict[str, torch.Tensor]:
+    """The tensors of a state: from its safetensors file where the manifest lists one (or, without a
+    manifest, where there is one)."""
+    if manifest is not None and Path(path).relative_to(checkpoint).as_posix() not in manifest["files"]:
+        return {}
+    size = _size(path)
+    if size is None and manifest is None:
+        return {}
+    if size is None:
+        raise CheckpointError(
+            f"{checkpoint} is incomplete: {path.name} is listed in its manifest but missing; resume from another "
+            "checkpoint"
+        )
+    raw = _read_bytes(path)
+    _check_bytes(checkpoint, path, raw, manifest)
+    try:
+        return st_load(raw)
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise CheckpointError(f"{path} is not a valid safetensors file ({exc}); resume from another checkpoint") from None
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
+def _check_bytes(checkpoint: Path, path: Path, raw: bytes, manifest: Optional[dict]) -> None:
+    """Refuse ``raw`` (read from ``path``) where it differs from the manifest's entry for it."""
+    if manifest is None:
+        return
+    entry = manifest["files"].get(Path(path).relative_to(checkpoint).as_posix())
+    if entry is None:
+        raise CheckpointError(
+            f"{path} is not listed in {Path(checkpoint) / SUBDIR / MANIFEST}; the file was added after the save or "
+            "the manifest belongs to another save, resume from another checkpoint"
+        )
+    if len(raw) != entry.get("size"):
+        raise CheckpointError(
+            f"{path} has {len(raw)} bytes, its manifest says {entry.get('size')}; the file is "
+            "truncated or was replaced, resume from another checkpoint"
+        )
+    if "sha256" in entry and hashlib.sha256(raw).hexdigest() != entry["sha256"]:
+        raise CheckpointError(
+            f"{path} does not match the hash in its manifest; the file was changed after the save, "
+            "resume from another checkpoint"
+        )
+
+
 # --------------------------------------------------------------------------- manifest
-def write_manifest(checkpoint: Path, *, world_size: int, num_loaders: int, extra: Optional[dict] = None) -> Path:
-    """Record every file of the checkpoint (size, and hash for ours); written last, atomically."""
+def write_manifest(checkpoint: Path, *, world_size: int, num_loaders: int, extra: Optional[dict] = None,
+                   ranks: Optional[Iterable[int]] = None, hashes: Optional[dict[str, dict]] = None) -> Path:
+    """Record every file of the checkpoint folder (size, and hash for ours); written last, atomically.
+
+    Args:
+        ranks: The ranks whose states this folder holds (all of them by default).
+        hashes: Entries (size, sha256) of files already known to the caller, so they are not read again.
+    """
     checkpoint = Path(checkpoint)
+    hashes = hashes or {}
     files = {}
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
         rel = path.relative_to(checkpoint).as_posix()
@@ -198,12 +284,14 @@ def write_manifest(checkpoint: Path, *, world_size: int, num_loaders: int, extra
             continue
         entry = {"size": path.stat().st_size}
         if rel.startswith(f"{SUBDIR}/"):
-            entry["sha256"] = _sha256(path)
+            known = hashes.get(rel)
+            entry["sha256"] = known["sha256"] if known and known["size"] == entry["size"] else _sha256(path)
         files[rel] = entry
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         "world_size": world_size,
         "num_loaders": num_loaders,
+        "ranks": sorted(range(world_size) if ranks is None else ranks),
         "files": files,
         **(extra or {}),
     }
@@ -214,34 +302,57 @@ def write_manifest(checkpoint: Path, *, world_size: int, num_loaders: int, extra
 
 
 def read_manifest(checkpoint: Path) -> dict:
-    """The manifest of a complete checkpoint; raises ``CheckpointError`` for an incomplete or damaged one."""
+    """The manifest of a complete checkpoint; raises ``CheckpointError`` for an incomplete or damaged one.
+
+    Checks every file the manifest lists (a stat each, and a hash of ours): the whole folder.
+    """
+    manifest = load_manifest(checkpoint)
+    verify_files(checkpoint, manifest)
+    return manifest
+
+
+def load_manifest(checkpoint: Path) -> dict:
+    """The parsed manifest of ``checkpoint`` (a version this release reads), without checking the files it lists."""
     checkpoint = Path(checkpoint)
     path = checkpoint / SUBDIR / MANIFEST
-    if not path.is_file():
+    if _size(path) is None:
         raise CheckpointError(
             f"{checkpoint} is incomplete: it has no {SUBDIR}/{MANIFEST} (the save was interrupted, or the folder "
             "was not written by accelerate_stateful); resume from an earlier checkpoint"
         )
     try:
-        manifest = json.loads(path.read_text("utf-8"), parse_constant=_reject_constant)
-        files = manifest["files"]
-        int(manifest["world_size"]), int(manifest["num_loaders"])
+        manifest = json.loads(_read_bytes(path).decode("utf-8"), parse_constant=_reject_constant)
+        version = manifest["manifest_version"]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path} is damaged ({exc!r}); resume from an earlier checkpoint") from None
-    for rel, entry in files.items():
-        _check_file(checkpoint, rel, entry)
+    refuse_unknown_version("manifest_version", version, SUPPORTED_MANIFEST_VERSIONS, str(path))
+    try:
+        world_size, _ = int(manifest["world_size"]), int(manifest["num_loaders"])
+        manifest.setdefault("ranks", list(range(world_size)))  # written before per-folder manifests
+        ranks = [int(r) for r in manifest["ranks"]]
+        if not isinstance(manifest["files"], dict) or not all(0 <= r < world_size for r in ranks):
+            raise ValueError(f"ranks {ranks} outside a world of {world_size}, or no file table")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is damaged ({exc!r}); resume from an earlier checkpoint") from None
     return manifest
+
+
+def verify_files(checkpoint: Path, manifest: dict) -> None:
+    """Check every file ``manifest`` lists: present, of its size, and of its hash where it has one."""
+    for rel, entry in manifest["files"].items():
+        _check_file(Path(checkpoint), rel, entry)
 
 
 def _check_file(checkpoint: Path, rel: str, entry: dict) -> None:
     path = checkpoint / rel
-    if not path.is_file():
+    size = _size(path)
+    if size is None:
         raise CheckpointError(
             f"{checkpoint} is incomplete: {rel} is listed in its manifest but missing; resume from another checkpoint"
         )
-    if path.stat().st_size != entry.get("size"):
+    if size != entry.get("size"):
         raise CheckpointError(
-            f"{path} has {path.stat().st_size} bytes, its manifest says {entry.get('size')}; the file is "
+            f"{path} has {size} bytes, its manifest says {entry.get('size')}; the file is "
             "truncated or was replaced, resume from another checkpoint"
         )
     if "sha256" in entry and _sha256(path) != entry["sha256"]:
@@ -252,11 +363,17 @@ def _check_file(checkpoint: Path, rel: str, entry: dict) -> None:
 
 
 def is_complete(checkpoint: Path) -> bool:
+    """Whether ``checkpoint``'s manifest is readable and every file it lists is intact."""
     try:
         read_manifest(checkpoint)
     except CheckpointError:
         return False
     return True
+
+
+def has_manifest(checkpoint: Path) -> bool:
+    """Whether a save of ``checkpoint`` got as far as its manifest (one stat; nothing is verified)."""
+    return _size(Path(checkpoint) / SUBDIR / MANIFEST) is not None
 
 
 # --------------------------------------------------------------------------- finding checkpoints

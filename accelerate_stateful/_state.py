@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, TypedDict
 
+from ._versions import refuse_unknown_version
 from .errors import Mismatch, StateMismatchError, UnsupportedConfigError
 
 FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = (1,)
 
 # Key constants: the only spelling of each key in the package.
 VERSION = "format_version"
@@ -103,11 +105,8 @@ def check_shape(state: Mapping[str, Any], source: str = "") -> None:
             f"not an accelerate-stateful loader state{where}: no integer '{VERSION}' key; "
             "load a state written by this package's state_dict() or save_state()"
         )
-    if version > FORMAT_VERSION:
-        raise UnsupportedConfigError(
-            f"loader state{where} has format_version={version}, this package reads up to "
-            f"{FORMAT_VERSION}; upgrade accelerate-stateful to resume from it"
-        )
+    refuse_unknown_version(VERSION, version, SUPPORTED_FORMAT_VERSIONS, f"loader state{where}",
+                           error=UnsupportedConfigError)
     for key, kind in _REQUIRED.items():
         value = state.get(key)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _files
-from . import _state as S
+from . import _checkpoints, _files, _resume, _teardown
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
@@ -97,63 +95,66 @@ class Accelerator(accelerate.Accelerator):
     def save_state(self, output_dir: Optional[PathLike] = None, safe_serialization: bool = True, **kwargs: Any):
         """Accelerate's ``save_state`` plus every loader's position, then a manifest marking it complete.
 
-        Old checkpoints beyond ``total_limit`` are removed only after the new one is complete.
+        Call it on every process. With automatic naming the number continues after the newest checkpoint
+        present; old checkpoints beyond ``total_limit`` are removed only after the new one is complete,
+        and never the new one.
         """
         if not self.use_stateful_dataloader:
             return super().save_state(output_dir, safe_serialization, **kwargs)
+        ctx = DistContext.detect()
+        _checkpoints.enter(ctx, "save_state")
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         if root is not None:
-            output_dir = root / f"checkpoint_{config.iteration}"
-            self._clear_unfinished(output_dir)
+            number = _checkpoints.next_number(ctx, root, config.iteration)
+            output_dir = root / f"checkpoint_{number}"
+            _checkpoints.clear_unfinished(ctx, output_dir)
         elif output_dir is None:
             raise ValueError("save_state() needs an output_dir when automatic_checkpoint_naming is off")
         output_dir = Path(output_dir)
         loaders = self.stateful_loaders
-        states = [loader.state_dict() for loader in loaders]
+        contents = _checkpoints.agree(ctx, lambda: [_files.encode_state(dl.state_dict()) for dl in loaders])
         with self._accelerate_view():
             super().save_state(str(output_dir), safe_serialization, **kwargs)
-        for index, state in enumerate(states):
-            _files.write_loader_state(output_dir, index, self.process_index, state)
-        self.wait_for_everyone()
-        if self.is_main_process:
-            _files.write_manifest(output_dir, world_size=self.num_processes, num_loaders=len(loaders))
-            if root is not None and config.total_limit is not None:
-                _rotate(root, keep=config.total_limit)
-        self.wait_for_everyone()
+        entries = _checkpoints.agree(ctx, lambda: {
+            rel: entry for index, content in enumerate(contents)
+            for rel, entry in _files.write_encoded(output_dir, index, self.process_index, content).items()
+        })
+        _checkpoints.seal(ctx, output_dir, num_loaders=len(loaders), entries=entries, root=root,
+                          keep=config.total_limit)
+        if root is not None:
+            config.iteration = number + 1
         return output_dir
 
     def load_state(self, input_dir: Optional[PathLike] = None, load_kwargs: Optional[dict] = None, **kwargs: Any):
         """Accelerate's ``load_state``, refusing incomplete checkpoints and restoring every loader's position.
 
-        Every loader state is read and validated before anything is loaded.
+        Call it on every process. Every loader state is read and validated before anything is loaded.
         """
         if not self.use_stateful_dataloader:
             return super().load_state(input_dir, load_kwargs, **kwargs)
+        ctx = DistContext.detect()
+        _checkpoints.enter(ctx, "load_state")
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming:
                 raise ValueError("load_state() needs an input_dir when automatic_checkpoint_naming is off")
-            input_dir = self._agreed_latest(self._checkpoint_root())
-            if input_dir is None:
+            found = _resume.agreed_latest(ctx, self._checkpoint_root())
+            if found is None:
                 raise CheckpointError(f"no complete checkpoint under {self._checkpoint_root()}")
+            self._load_verified(*found, load_kwargs, **kwargs)
+            return
         input_dir = Path(input_dir)
-        states = self._read_loader_states(input_dir)
-        with self._accelerate_view():
-            super().load_state(str(input_dir), load_kwargs, **kwargs)
-        for loader, state in zip(self.stateful_loaders, states):
-            loader.load_state_dict(state)
-        if self.is_main_process:
-            for index, (loader, state) in enumerate(zip(self.stateful_loaders, states)):
-                _log_resume(index, loader, state, input_dir)
+        self._load_verified(input_dir, _resume.verify_once(ctx, input_dir), load_kwargs, **kwargs)
 
     def resume(self, checkpoint_root: Optional[PathLike] = None) -> Optional[Path]:
-        """Load the newest complete checkpoint; returns its path, or ``None`` when there is none.
+        """Load the newest checkpoint complete on every process; returns its path, or ``None`` when there is none.
 
         Args:
             checkpoint_root: The folder holding ``checkpoint_<N>`` folders; defaults to
                 ``<project_dir>/checkpoints`` with ``automatic_checkpoint_naming``.
 
-        The next ``save_state`` continues the numbering after the loaded checkpoint.
+        Call it on every process. The next ``save_state`` continues the numbering after the newest
+        checkpoint present.
         """
         if not self.use_stateful_dataloader:
             raise UnsupportedConfigError(
@@ -167,74 +168,38 @@ class Accelerator(accelerate.Accelerator):
                     "is not set"
                 )
             checkpoint_root = self._checkpoint_root()
-        path = self._agreed_latest(Path(checkpoint_root))
-        if path is None:
+        ctx = DistContext.detect()
+        _checkpoints.enter(ctx, "resume")
+        found = _resume.agreed_latest(ctx, Path(checkpoint_root))
+        if found is None:
             return None
-        self.load_state(path)
-        number = _files.checkpoint_number(path)
-        if number is not None and self.project_configuration.automatic_checkpoint_naming:
-            self.project_configuration.iteration = number + 1
-        return path
+        self._load_verified(*found)
+        return found[0]
+
+    def end_training(self) -> None:
+        """Accelerate's ``end_training``, once the process group's threads are idle (see ``_teardown``):
+        destroying it while one of them waits for the GIL hangs the process at its exit."""
+        _teardown.settle()
+        super().end_training()
 
     # ----------------------------------------------------------------- internals
     def _checkpoint_root(self) -> Path:
         return Path(self.project_dir) / "checkpoints"
 
-    def _agreed_latest(self, root: Path) -> Optional[Path]:
-        """The newest complete checkpoint as the main process sees it, on every rank."""
-        latest = _files.latest_checkpoint(root) if self.is_main_process else None
-        agreed = DistContext.detect().broadcast(None if latest is None else str(latest))
-        return None if agreed is None else Path(agreed)
-
-    def _clear_unfinished(self, output_dir: Path) -> None:
-        """Remove a leftover of a save that was killed before its manifest; refuse to overwrite a complete one."""
-        if output_dir.exists() and _files.is_complete(output_dir):
-            raise CheckpointError(
-                f"{output_dir} already holds a complete checkpoint; call resume() first so numbering continues "
-                "after it, or set project_configuration.iteration"
-            )
-        if self.is_main_process and output_dir.exists():
-            logger.warning("removing %s: an unfinished save (no valid manifest)", output_dir)
-            shutil.rmtree(output_dir)
-        self.wait_for_everyone()
-
-    def _read_loader_states(self, checkpoint: Path) -> list[Any]:
-        """This rank's state of every loader, read and validated before anything is loaded.
-
-        On another number of processes (elastic resume), every rank takes the main process's state, after
-        checking that all saved ranks agree on the position; each loader then re-derives its own cursor or
-        refuses with the reason.
-        """
-        manifest = _files.read_manifest(checkpoint)
-        loaders = self.stateful_loaders
-        if manifest["num_loaders"] != len(loaders):
-            raise CheckpointError(
-                f"{checkpoint} holds {manifest['num_loaders']} loader states, this run prepared {len(loaders)} "
-                "stateful loaders; prepare the same loaders in the same order as the run that saved it"
-            )
-        saved_world = manifest["world_size"]
-        states = []
-        for index, loader in enumerate(loaders):
-            rank = self.process_index if saved_world == self.num_processes else 0
-            source = str(_files.state_file(checkpoint, index, rank))
-            state = _files.read_loader_state(checkpoint, index, rank)
-            S.check_shape(state, source)
-            written = state[S.TOPOLOGY].get("world_size")
-            if written != saved_world:
-                raise CheckpointError(
-                    f"{source} was written by world_size={written}, but "
-                    f"{Path(checkpoint) / _files.SUBDIR / _files.MANIFEST} says world_size={saved_world}; the "
-                    "checkpoint mixes files of different runs, resume from another checkpoint"
-                )
-            if loader.needs_all_ranks(state):
-                every = [state if r == rank else _files.read_loader_state(checkpoint, index, r)
-                         for r in range(saved_world)]
-                for r, other in enumerate(every):
-                    S.check_shape(other, str(_files.state_file(checkpoint, index, r)))
-                state = loader.merge_rank_states(every)
-            loader.validate_state(state, source=source)
-            states.append(state)
-        return states
+    def _load_verified(self, checkpoint: Path, manifest: dict, load_kwargs: Optional[dict] = None,
+                       **kwargs: Any) -> None:
+        """Load a checkpoint whose manifest every rank holds and whose folder was verified."""
+        states = _resume.read_states(DistContext.detect(), checkpoint, manifest, self.stateful_loaders)
+        with self._accelerate_view():
+            super().load_state(str(checkpoint), load_kwargs, **kwargs)
+        for loader, state in zip(self.stateful_loaders, states):
+            loader.load_state_dict(state)
+        if self.is_main_process:
+            for index, (loader, state) in enumerate(zip(self.stateful_loaders, states)):
+                _log_resume(index, loader, state, checkpoint)
+        number = _files.checkpoint_number(checkpoint)
+        if number is not None and self.project_configuration.automatic_checkpoint_naming:
+            self.project_configuration.iteration = max(self.project_configuration.iteration, number + 1)
 
     @contextlib.contextmanager
     def _accelerate_view(self) -> Iterator[None]:
@@ -262,16 +227,3 @@ def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path
         logger.warning(
             "loader %d: resuming epoch %d at %s on %s (was %s) from %s", index, loader.epoch, progress, now, was, source
         )
-
-
-def _rotate(root: Path, keep: int) -> None:
-    """Keep the ``keep`` newest complete checkpoints; drop older ones and unfinished leftovers older than those."""
-    numbered = _files.numbered_checkpoints(root)
-    complete = [p for p in numbered if _files.is_complete(p)]
-    if not complete:
-        return
-    kept = set(complete[: max(keep, 1)])
-    oldest_kept = min(_files.checkpoint_number(p) for p in kept)
-    for path in numbered:
-        if path not in kept and _files.checkpoint_number(path) < oldest_kept:
-            shutil.rmtree(path, ignore_errors=False)

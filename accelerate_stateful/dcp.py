@@ -34,11 +34,13 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from . import _files
 from ._adapter import DataLoaderAdapter
+from ._versions import refuse_unknown_version
 from .errors import CheckpointError, Mismatch, StateMismatchError, StateSerializationError
 from .skip import SkipDataLoader
 
 DEFAULT_CAPACITY = 64 * 1024
 ENVELOPE_VERSION = 1
+SUPPORTED_ENVELOPE_VERSIONS = (1,)
 _MAGIC = b"ASDCP\x00\x00\x01"
 # magic, nonce of the state_dict() call that made the buffer, JSON length, safetensors length
 _HEADER = struct.Struct("<8s8sQQ")
@@ -219,12 +221,8 @@ class LoaderCheckpoint(Stateful):
         return _files.decode(envelope["state"], tensors, where)
 
     def _check_envelope(self, index: int, envelope: Mapping[str, Any]) -> None:
-        version = envelope.get("envelope_version")
-        if not isinstance(version, int) or version > ENVELOPE_VERSION:
-            raise CheckpointError(
-                f"{self._where(index)} has envelope_version={version!r}, this package reads up to "
-                f"{ENVELOPE_VERSION}; upgrade accelerate-stateful to resume from it"
-            )
+        refuse_unknown_version("envelope_version", envelope.get("envelope_version"), SUPPORTED_ENVELOPE_VERSIONS,
+                               self._where(index))
         current = {
             "rank": self.rank,
             "world_size": self.world_size,

@@ -366,8 +366,10 @@ def test_after_falling_back_the_run_continues_exactly_from_the_older_checkpoint(
     run = start(project)
     assert run.accelerator.resume().name == "checkpoint_0"
     assert [b.tolist() for b in run.loader] == full[1:]
-    assert run.accelerator.save_state().name == "checkpoint_1"  # the damaged leftover is replaced
-    assert _files.is_complete(project / "checkpoints" / "checkpoint_1")
+    # Numbering continues after the newest checkpoint present: the damaged one is never overwritten.
+    assert run.accelerator.save_state().name == "checkpoint_2"
+    assert _files.is_complete(project / "checkpoints" / "checkpoint_2")
+    assert not _files.is_complete(project / "checkpoints" / "checkpoint_1")
 
 
 def test_the_case_list_counts_what_docs_reliability_reports():
