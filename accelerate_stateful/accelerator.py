@@ -15,6 +15,7 @@ from . import _files
 from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
+from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
 from .errors import CheckpointError, UnsupportedConfigError
 from .dispatch import DispatchDataLoader
 from .iterable import IterableShardDataLoader
@@ -75,6 +76,8 @@ class Accelerator(accelerate.Accelerator):
             loader = RoundRobinLoader.from_dataloader(data_loader, ctx, **common)
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
+        elif uses_batch_sampler(data_loader):
+            loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         else:
             loader = ShardDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         self._dataloaders.append(loader)

@@ -12,6 +12,7 @@ from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from ._order import mix_seed
+from ._ordered import require_in_order
 from ._stream import Slicer, StreamDataset, WorkerStart, passthrough
 from .sharded import LogicalShardStream, ShardedSource, merge_positions
 from .errors import UnsupportedConfigError
@@ -85,11 +86,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"split_batches=True needs a batch_size divisible by the number of processes: "
                 f"batch_size={batch_size}, processes={ctx.world_size}; change one of them"
             )
-        if loader_settings.get("in_order") is False and num_workers > 0:
-            raise UnsupportedConfigError(
-                "in_order=False lets workers deliver batches in any order, which cannot be resumed exactly; "
-                "pass in_order=True (the default)"
-            )
+        require_in_order(dict(loader_settings, num_workers=num_workers))
         loader_settings.pop("in_order", None)
         self._per_rank = batch_size // ctx.world_size if split_batches else batch_size
         slicer = Slicer(ctx.world_size, ctx.rank, self._per_rank, drop_last) if slice_per_rank else None
