@@ -20,6 +20,16 @@ from .errors import UnsupportedConfigError
 logger = logging.getLogger(__name__)
 
 STREAM = "stream"
+# How the ranks read the stream (the "reading" entry of the state): what decides whether a position can be
+# continued on another number of processes.
+WHOLE = "whole"  # every rank reads the whole stream and keeps its slice of each global batch (one process too)
+SPLIT = "split"  # each rank reads its own part (a datasets.IterableDataset split by shard)
+LOGICAL = "logical"  # logical shards (ShardedSource), dealt to ranks and workers
+_READING = {
+    WHOLE: "every process read the whole stream and kept its slice of each global batch",
+    SPLIT: "each process read its own shards of the stream",
+    LOGICAL: "the stream was read as logical shards",
+}
 _WORKER_SALT = 0x5EED
 _BASE_SETTINGS = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", "persistent_workers",
                   "pin_memory_device")
@@ -115,6 +125,10 @@ class IterableShardDataLoader(DataLoaderAdapter):
         self._drop_last = drop_last
         self._split_batches = split_batches
         self._sliced = slicer is not None
+        if isinstance(dataset, LogicalShardStream):
+            self._reading = LOGICAL
+        else:
+            self._reading = WHOLE if self._sliced or ctx.world_size == 1 else SPLIT
         self._position = StreamPosition(max(num_workers, 1))
         self._generation = 0
         self._pass: Optional[tuple[int, int, list[WorkerStart]]] = None
@@ -253,6 +267,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 "taken": list(pos.taken),
                 "snapshots": self._snapshots(),
                 "stateful": self._stream.stateful,
+                "reading": self._reading,
             },
         }
 
@@ -262,7 +277,6 @@ class IterableShardDataLoader(DataLoaderAdapter):
             "dataset": type(self.dataset).__qualname__,
             "drop_last": self._drop_last,
             "split_batches": self._split_batches,
-            "sliced_per_rank": self._sliced,
         }
 
     def _remainder(self) -> int:
@@ -290,16 +304,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 "edited by hand, resume from another checkpoint"
             )
         rescaled = self._rescaled(state_dict)
-        if rescaled and not self.elastic:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the state was written by rank {saved.get('rank')} of "
-                f"{saved.get('world_size')} processes with {saved.get('num_workers')} workers, this is rank "
-                f"{self.ctx.rank} of {self.ctx.world_size} with {self.num_workers}; {type(self.dataset).__name__} "
-                "resumes only on the same number of processes and workers (its position belongs to each reader's "
-                "share of the stream); implement the ShardedSource protocol (num_shards/open_shard) to make it "
-                f"elastic, or relaunch with --num_processes {saved.get('world_size')} and "
-                f"num_workers={saved.get('num_workers')}"
-            )
+        if rescaled:
+            self._check_rescale(state_dict, where)
         if not rescaled and saved.get("rank") != self.ctx.rank:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
@@ -319,6 +325,38 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"cannot resume{where}: inconsistent position: the workers' batches add up to {sum(taken)}, "
                 f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
             )
+
+    def _check_rescale(self, state_dict: Mapping[str, Any], where: str) -> None:
+        """Refuse, in the user's terms, a change of processes or workers this stream cannot continue across."""
+        saved, stream = state_dict[S.TOPOLOGY], state_dict[STREAM]
+        was = f"{saved.get('world_size')} processes with {saved.get('num_workers')} workers"
+        now = f"{self.ctx.world_size} with {self.num_workers}"
+        reading = stream.get("reading")
+        if reading != self._reading and reading in _READING:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the checkpoint was written by {was}, where {_READING[reading]}; on "
+                f"{self.ctx.world_size} processes {_READING[self._reading]} ({type(self.dataset).__name__}"
+                f"{_shard_note(self.dataset)}), so its position does not carry over; relaunch with "
+                f"--num_processes {saved.get('world_size')}"
+            )
+        if self.elastic:
+            return
+        if self._reading == WHOLE and reading == WHOLE:
+            if stream.get("workers") == self._position.num_logical:
+                return  # one stream read by every rank: its position is global (see _restore)
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the stream was read by {saved.get('num_workers')} workers per process and "
+                f"this loader has {self.num_workers}; each worker reads its own share of "
+                f"{type(self.dataset).__name__} and its position belongs to that share, so pass "
+                f"num_workers={saved.get('num_workers')} (the number of processes may change)"
+            )
+        raise UnsupportedConfigError(
+            f"cannot resume{where}: the checkpoint was written by {was}, this is {now}; "
+            f"{type(self.dataset).__name__} resumes only on the same number of processes and workers (each "
+            "process read its own shards, and a position belongs to each reader's share of the stream); "
+            "implement the ShardedSource protocol (num_shards/open_shard) to make it elastic, or relaunch with "
+            f"--num_processes {saved.get('world_size')} and num_workers={saved.get('num_workers')}"
+        )
 
     def _rescaled(self, state_dict: Mapping[str, Any]) -> bool:
         saved = state_dict[S.TOPOLOGY]
@@ -341,13 +379,16 @@ class IterableShardDataLoader(DataLoaderAdapter):
         pos = self._position
         self._pass = None
         pos.last = None
-        if self._rescaled(state_dict):
+        if self.elastic and self._rescaled(state_dict):
             # Elastic: every part's position, dealt out again to this topology's readers from its own position.
             table = {"items": 0, "ended": False, "dataset": merge_positions(stream["snapshots"])}
             pos.taken = [0] * pos.num_logical
             pos.snapshots = [table] * pos.num_logical  # read only: each pass loads a copy (DatasetPosition.open)
             pos.rotation = 0
             return
+        # Same topology, or one whole stream read by every rank on another number of processes: each logical
+        # worker's stream position is global (a boundary of the global batches), so the new ranks slice the
+        # next global batches at their own size from it.
         pos.taken = list(stream["taken"])
         pos.snapshots = list(stream["snapshots"])
         pos.rotation = stream["rotation"]
@@ -369,6 +410,11 @@ class IterableShardDataLoader(DataLoaderAdapter):
             "skip_first_batches cannot move an iterable dataset without reading it; resume with "
             "accelerator.load_state()/resume(), which restores the stream's position instead"
         )
+
+
+def _shard_note(dataset: Any) -> str:
+    shards = getattr(dataset, "n_shards", None)
+    return f" with n_shards={shards}" if isinstance(shards, int) else ""
 
 
 def shard_hf_iterable(dataset: Any, ctx: DistContext, split_batches: bool) -> tuple[Any, bool]:
