@@ -14,6 +14,7 @@ from ._context import DistContext
 from ._order import mix_seed
 from ._ordered import require_in_order
 from ._stream import Slicer, StreamDataset, WorkerStart, passthrough
+from ._workerinit import LogicalWorkerInit
 from .sharded import LogicalShardStream, ShardedSource, merge_positions
 from .errors import UnsupportedConfigError
 
@@ -98,6 +99,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             )
         require_in_order(dict(loader_settings, num_workers=num_workers))
         loader_settings.pop("in_order", None)
+        user_init = loader_settings.pop("worker_init_fn", None)
         self._per_rank = batch_size // ctx.world_size if split_batches else batch_size
         slicer = Slicer(ctx.world_size, ctx.rank, self._per_rank, drop_last) if slice_per_rank else None
         self._stream = StreamDataset(
@@ -109,6 +111,10 @@ class IterableShardDataLoader(DataLoaderAdapter):
             ring_size=(loader_settings.get("prefetch_factor") or 2) * max(num_workers, 1) + 4,
             slicer=slicer,
             mp_context=multiprocessing_context,
+            shown=dataset.source if isinstance(dataset, LogicalShardStream) else dataset,
+            # called by the stream in each worker, once it knows which logical worker it plays
+            worker_init=LogicalWorkerInit(user_init, bool(loader_settings.get("persistent_workers")))
+            if user_init is not None else None,
         )
         self._worker_generator = torch.Generator()
         base = DataLoader(

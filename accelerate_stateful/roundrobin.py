@@ -13,6 +13,7 @@ from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from ._ordered import require_in_order
+from ._workerinit import ShowingWorkerInit
 from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
 from .errors import StatefulLoaderError, UnsupportedConfigError
 
@@ -123,6 +124,8 @@ class RoundRobinLoader(DataLoaderAdapter):
             )
         require_in_order(loader_settings)
         loader_settings.pop("in_order", None)
+        if loader_settings.get("worker_init_fn") is not None:  # the workers run a transform stage, not the dataset
+            loader_settings["worker_init_fn"] = ShowingWorkerInit(loader_settings["worker_init_fn"], dataset)
         base = DataLoader(
             _Transform(dataset.transform), batch_sampler=_SourceBatches(self), collate_fn=collate_fn or default_collate,
             **loader_settings,
