@@ -351,8 +351,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
             if stream.get("workers") == self._position.num_logical:
                 return  # one stream read by every rank: its position is global (see _restore)
             raise UnsupportedConfigError(
-                f"cannot resume{where}: the stream was read by {saved.get('num_workers')} workers per process and "
-                f"this loader has {self.num_workers}; each worker reads its own share of "
+                f"cannot resume{where}: the checkpoint was written by {was}, this loader has {self.num_workers} "
+                f"workers; each worker reads its own share of "
                 f"{type(self.dataset).__name__} and its position belongs to that share, so pass "
                 f"num_workers={saved.get('num_workers')} (the number of processes may change)"
             )
