@@ -55,7 +55,7 @@ def deal(
     if not 0 <= origin <= len(batches):
         raise ValueError(f"origin {origin} is outside the epoch's {len(batches)} batches")
     if world_size == 1:
-        return [Step(origin + i + 1, (list(b),)) for i, b in enumerate(batches[origin:])]
+        return [Step(origin + i + 1, (b,)) for i, b in enumerate(batches[origin:])]
     if split_batches:
         if batch_size is None or batch_size % world_size:
             raise ValueError(f"split_batches needs a batch_size divisible by {world_size}, got {batch_size}")
@@ -85,7 +85,7 @@ def _deal_whole(batches, origin, world, even, drop_last, batch_size) -> list[Ste
     pending: list[Optional[Batch]] = [None] * world  # each rank's batch of the round not yet handed out
     rest = batches[origin:]
     for idx, batch in enumerate(rest):
-        pending[idx % world] = list(batch)
+        pending[idx % world] = batch  # batches are never changed, so they are shared, not copied
         if idx % world == world - 1 and (batch_size is None or len(batch) == batch_size):
             steps.append(Step(origin + idx + 1, tuple(pending)))
             pending = [None] * world

@@ -43,7 +43,7 @@ def draw_batches(batch_sampler: Any, seed: int, epoch: int) -> list[list[int]]:
             generator.manual_seed(mix_seed(seed, epoch))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(mix_seed(seed, epoch, 1))
-        return [[int(i) for i in batch] for batch in batch_sampler]
+        return [list(map(int, batch)) for batch in batch_sampler]
 
 
 class _RankBatches(Sampler[list[int]]):
