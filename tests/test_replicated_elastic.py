@@ -89,3 +89,41 @@ def test_one_process_to_several_is_no_longer_refused_with_an_internal_field():
     dl = make(2, 1)
     dl.load_state_dict(states[0])
     assert "sliced_per_rank" not in str(states[0]["config"])
+
+
+def hf_stream(shards, world, rank):
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"id": list(range(N))}).to_iterable_dataset(num_shards=shards)
+    return IterableShardDataLoader.from_dataloader(DataLoader(ds, batch_size=2), DistContext(rank, world))
+
+
+@pytest.mark.parametrize("world,new_world", [(1, 2), (2, 3)])
+def test_a_hugging_face_stream_every_rank_reads_whole_resumes_on_another_number_of_processes(world, new_world):
+    taken, states = [], []
+    for rank in range(world):
+        dl = hf_stream(1, world, rank)
+        it = iter(dl)
+        taken += [i for _ in range(2) for i in next(it)["id"].tolist()]
+        states.append(through_files(dl.state_dict(), rank))
+        del it
+    rest = []
+    for rank in range(new_world):
+        dl = hf_stream(1, new_world, rank)
+        dl.load_state_dict(states[0])
+        rest += [i for b in dl for i in b["id"].tolist()]
+    assert sorted(set(rest) - set(taken)) == sorted(set(range(N)) - set(taken))
+    assert len(rest) - len(set(rest) - set(taken)) < 2 * new_world
+
+
+@pytest.mark.parametrize("shards,world,new_world,says", [
+    (2, 1, 2, "each process read its own shards"),  # one process read it whole; two split it by shard
+    (2, 2, 3, "every process read the whole stream"),  # split by shard on two; too few shards for three
+    (4, 2, 3, "same number of processes and workers"),  # split by shard on both, into other parts
+])
+def test_a_change_between_reading_whole_and_by_shard_is_refused_saying_what_the_processes_read(
+        shards, world, new_world, says):
+    state = through_files(hf_stream(shards, world, 0).state_dict())
+    with pytest.raises(UnsupportedConfigError, match=says) as err:
+        hf_stream(shards, new_world, 0).load_state_dict(state)
+    assert f"--num_processes {world}" in str(err.value) and "sliced" not in str(err.value)
