@@ -27,9 +27,10 @@ WHOLE = "whole"  # every rank reads the whole stream and keeps its slice of each
 SPLIT = "split"  # each rank reads its own part (a datasets.IterableDataset split by shard)
 LOGICAL = "logical"  # logical shards (ShardedSource), dealt to ranks and workers
 _READING = {
-    WHOLE: "every process read the whole stream and kept its slice of each global batch",
-    SPLIT: "each process read its own shards of the stream",
-    LOGICAL: "the stream was read as logical shards",
+    WHOLE: "every process reads the whole stream and keeps its slice of each global batch",
+    SPLIT: "each process reads its own shards of the stream (Accelerate splits a datasets.IterableDataset by "
+           "shard when it has at least as many shards as processes)",
+    LOGICAL: "the stream is read as logical shards",
 }
 _WORKER_SALT = 0x5EED
 _BASE_SETTINGS = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", "persistent_workers",
@@ -335,15 +336,15 @@ class IterableShardDataLoader(DataLoaderAdapter):
     def _check_rescale(self, state_dict: Mapping[str, Any], where: str) -> None:
         """Refuse, in the user's terms, a change of processes or workers this stream cannot continue across."""
         saved, stream = state_dict[S.TOPOLOGY], state_dict[STREAM]
-        was = f"{saved.get('world_size')} processes with {saved.get('num_workers')} workers"
+        was = f"{_count(saved.get('world_size'), 'process')} with {_count(saved.get('num_workers'), 'worker')}"
         now = f"{self.ctx.world_size} with {self.num_workers}"
         reading = stream.get("reading")
         if reading != self._reading and reading in _READING:
             raise UnsupportedConfigError(
-                f"cannot resume{where}: the checkpoint was written by {was}, where {_READING[reading]}; on "
-                f"{self.ctx.world_size} processes {_READING[self._reading]} ({type(self.dataset).__name__}"
-                f"{_shard_note(self.dataset)}), so its position does not carry over; relaunch with "
-                f"--num_processes {saved.get('world_size')}"
+                f"cannot resume{where}: the checkpoint was written on {was}, where {_READING[reading]}; on "
+                f"{_count(self.ctx.world_size, 'process')} {_READING[self._reading]}, so the position does not "
+                f"carry over; relaunch with --num_processes {saved.get('world_size')}, or read the stream as "
+                "logical shards (HFShards, or the ShardedSource protocol) to change the number of processes"
             )
         if self.elastic:
             return
@@ -351,13 +352,13 @@ class IterableShardDataLoader(DataLoaderAdapter):
             if stream.get("workers") == self._position.num_logical:
                 return  # one stream read by every rank: its position is global (see _restore)
             raise UnsupportedConfigError(
-                f"cannot resume{where}: the checkpoint was written by {was}, this loader has {self.num_workers} "
+                f"cannot resume{where}: the checkpoint was written on {was}, this loader has {self.num_workers} "
                 f"workers; each worker reads its own share of "
                 f"{type(self.dataset).__name__} and its position belongs to that share, so pass "
                 f"num_workers={saved.get('num_workers')} (the number of processes may change)"
             )
         raise UnsupportedConfigError(
-            f"cannot resume{where}: the checkpoint was written by {was}, this is {now}; "
+            f"cannot resume{where}: the checkpoint was written on {was}, this is {now}; "
             f"{type(self.dataset).__name__} resumes only on the same number of processes and workers (each "
             "process read its own shards, and a position belongs to each reader's share of the stream); "
             "implement the ShardedSource protocol (num_shards/open_shard) to make it elastic, or relaunch with "
@@ -418,9 +419,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
         )
 
 
-def _shard_note(dataset: Any) -> str:
-    shards = getattr(dataset, "n_shards", None)
-    return f" with n_shards={shards}" if isinstance(shards, int) else ""
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 def shard_hf_iterable(dataset: Any, ctx: DistContext, split_batches: bool) -> tuple[Any, bool]:

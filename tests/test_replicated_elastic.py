@@ -117,8 +117,8 @@ def test_a_hugging_face_stream_every_rank_reads_whole_resumes_on_another_number_
 
 
 @pytest.mark.parametrize("shards,world,new_world,says", [
-    (2, 1, 2, "each process read its own shards"),  # one process read it whole; two split it by shard
-    (2, 2, 3, "every process read the whole stream"),  # split by shard on two; too few shards for three
+    (2, 1, 2, "each process reads its own shards"),  # one process read it whole; two split it by shard
+    (2, 2, 3, "every process reads the whole stream"),  # split by shard on two; too few shards for three
     (4, 2, 3, "same number of processes and workers"),  # split by shard on both, into other parts
 ])
 def test_a_change_between_reading_whole_and_by_shard_is_refused_saying_what_the_processes_read(
