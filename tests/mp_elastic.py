@@ -19,15 +19,16 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_info
 
 from accelerate_stateful import Accelerator
-from streams import CountingStream, OpaqueStream
+from streams import CountingStream
 
 SAMPLES, BATCH_SIZE, EPOCHS, SEED = 53, 3, 4, 5
 # map: map-style data, each rank its shard; batch-sampler: a user's shuffled batch_sampler of varying batch
-# sizes; stream / opaque: a stream every rank reads whole (dispatch_batches=False), stateful or not, read by
-# one worker whenever the chain has workers (the worker count of such a stream may not change; 0 and 1 both
-# read it whole); recipe: torch's worker_init_fn sharding recipe under the default dispatcher, two persistent
-# workers throughout.
-SOURCES = ("map", "batch-sampler", "stream", "opaque", "recipe")
+# sizes, without workers (test_multiprocess runs it with two); stream: a stateful stream every rank reads whole
+# (dispatch_batches=False), read by one worker whenever the chain has workers (the worker count of such a
+# stream may not change; 0 and 1 both read it whole); recipe: torch's worker_init_fn sharding recipe under the
+# default dispatcher, an opaque stream fast-forwarded on resume, two persistent workers throughout. An opaque
+# stream read whole is rescaled in-process only (test_replicated_elastic.py): it resumes as the recipe does.
+SOURCES = ("map", "batch-sampler", "stream", "recipe")
 
 
 class VaryingBatches(Sampler):
@@ -66,10 +67,9 @@ def split_range(worker_id: int) -> None:
 
 def make_loader(num_workers: int, source: str = "map") -> DataLoader:
     if source == "batch-sampler":
-        return DataLoader(list(range(SAMPLES)), batch_sampler=VaryingBatches(SAMPLES), num_workers=num_workers)
-    if source in ("stream", "opaque"):
-        stream = CountingStream(SAMPLES) if source == "stream" else OpaqueStream(SAMPLES)
-        return DataLoader(stream, batch_size=BATCH_SIZE, num_workers=min(num_workers, 1))
+        return DataLoader(list(range(SAMPLES)), batch_sampler=VaryingBatches(SAMPLES))
+    if source == "stream":
+        return DataLoader(CountingStream(SAMPLES), batch_size=BATCH_SIZE, num_workers=min(num_workers, 1))
     if source == "recipe":
         return DataLoader(RangeStream(0, SAMPLES), batch_size=BATCH_SIZE, num_workers=2, worker_init_fn=split_range,
                           persistent_workers=True)
@@ -81,7 +81,7 @@ def run(out: str, launch: int, workers: int, stop_epoch: int, stop_batch: int, s
     accelerator = Accelerator(
         cpu=True,
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True,
-                                                  dispatch_batches=False if source in ("stream", "opaque") else None),
+                                                  dispatch_batches=False if source == "stream" else None),
         project_config=ProjectConfiguration(project_dir=str(Path(out) / source), automatic_checkpoint_naming=True,
                                             total_limit=2),
     )

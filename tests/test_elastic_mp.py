@@ -1,7 +1,7 @@
 """Elastic resume with real processes: one run continued on 2, 3, 2, 1 and 2 processes, workers 0 <-> 2.
 
-Each launch runs every source of ``mp_elastic.SOURCES`` (map-style data, a user's batch_sampler, a stream
-every rank reads whole, stateful and opaque, and torch's worker_init_fn recipe under the dispatcher). Each
+Each launch runs every source of ``mp_elastic.SOURCES`` (map-style data, a user's batch_sampler, a stateful
+stream every rank reads whole, and torch's worker_init_fn recipe under the dispatcher over an opaque stream). Each
 launch's batches, on every rank, must equal an in-process simulation of the same chain (whose properties
 `test_elastic.py`, `test_batch_sampler.py` and `test_replicated_elastic.py` check exhaustively), and every
 epoch must deliver every sample.
@@ -45,7 +45,7 @@ def launch(out: Path, index: int, world: int, workers: int, stop_epoch: int, sto
 
 
 LOADERS = {"map": ShardDataLoader, "batch-sampler": BatchSamplerDataLoader, "stream": IterableShardDataLoader,
-           "opaque": IterableShardDataLoader, "recipe": DispatchDataLoader}
+           "recipe": DispatchDataLoader}
 
 
 def simulate(source: str) -> list[dict[int, list]]:
