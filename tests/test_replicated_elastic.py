@@ -127,3 +127,14 @@ def test_a_change_between_reading_whole_and_by_shard_is_refused_saying_what_the_
     with pytest.raises(UnsupportedConfigError, match=says) as err:
         hf_stream(shards, new_world, 0).load_state_dict(state)
     assert f"--num_processes {world}" in str(err.value) and "sliced" not in str(err.value)
+
+
+@pytest.mark.parametrize("workers,new_workers", [(0, 1), (1, 0)])
+def test_no_workers_and_one_worker_both_read_the_stream_whole_so_either_may_follow_the_other(workers, new_workers):
+    taken, states = save_after(2, 2, workers=workers)
+    rest = []
+    for rank in range(3):
+        dl = make(3, rank, workers=new_workers)
+        dl.load_state_dict(states[0])
+        rest += [i for b in dl for i in b.tolist()]
+    assert sorted(set(rest) - set(taken)) == sorted(set(range(N)) - set(taken))
