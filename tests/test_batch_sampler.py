@@ -213,3 +213,17 @@ def test_a_sampler_that_draws_other_batches_for_the_same_epoch_is_refused():
     shorter._config = dl._config
     with pytest.raises(UnsupportedConfigError, match="same batches for the same seed and epoch"):
         shorter.load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", ["token-budget", "drop"])
+def test_dispatched_the_main_process_reads_the_batch_sampler_and_resumes_exactly(kind):
+    from accelerate_stateful import DispatchDataLoader
+
+    def make():
+        dl = DataLoader(list(range(13)), batch_sampler=make_sampler(kind, 13))
+        return DispatchDataLoader.from_dataloader(dl, DistContext(1, 2))
+
+    reference, _ = run_loop(make(), EPOCHS)
+    assert isinstance(make().reader, BatchSamplerDataLoader)
+    points = save_points(reference)
+    check_resumes(make, EPOCHS, [[p] for p in points[::2]], reference, rank=1)
