@@ -21,7 +21,7 @@ _WORKER_SALT = 0x5EED
 
 
 def uses_batch_sampler(dataloader: DataLoader) -> bool:
-    """Whether a map-style loader draws whole batches from a user's sampler (``batch_sampler=`` or one passed as ``sampler=``)."""
+    """Whether a loader draws whole batches from a user's sampler (``batch_sampler=``, or one as ``sampler=``)."""
     return dataloader.batch_size is None and (
         dataloader.batch_sampler is not None or isinstance(dataloader.sampler, BatchSampler)
     )
@@ -265,7 +265,8 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
             dealt = self._steps_of_epoch(origin, world, key)
         except ValueError as exc:
             dealt, steps = [], f"{steps} ({exc})"
-        if not isinstance(steps, int) or steps > len(dealt) or consumed != (dealt[steps - 1].consumed if steps else origin):
+        fits = isinstance(steps, int) and steps <= len(dealt)
+        if not fits or consumed != (dealt[steps - 1].consumed if steps else origin):
             raise UnsupportedConfigError(
                 f"cannot resume{where}: {type(self._user_sampler).__name__} draws {len(self._epoch_batches(key))} "
                 f"batches in epoch {key[1]}, which does not fit the saved position ({STEPS}={steps}, "

@@ -14,6 +14,7 @@ from ._context import DistContext
 from ._order import mix_seed
 from ._ordered import require_in_order
 from ._stream import Slicer, StreamDataset, WorkerStart, passthrough
+from ._reading import LOGICAL, SPLIT, WHOLE, Readers, check_rescale
 from ._workerinit import LogicalWorkerInit
 from .sharded import LogicalShardStream, ShardedSource, merge_positions
 from .errors import UnsupportedConfigError
@@ -21,17 +22,6 @@ from .errors import UnsupportedConfigError
 logger = logging.getLogger(__name__)
 
 STREAM = "stream"
-# How the ranks read the stream (the "reading" entry of the state): what decides whether a position can be
-# continued on another number of processes.
-WHOLE = "whole"  # every rank reads the whole stream and keeps its slice of each global batch (one process too)
-SPLIT = "split"  # each rank reads its own part (a datasets.IterableDataset split by shard)
-LOGICAL = "logical"  # logical shards (ShardedSource), dealt to ranks and workers
-_READING = {
-    WHOLE: "every process reads the whole stream and keeps its slice of each global batch",
-    SPLIT: "each process reads its own shards of the stream (Accelerate splits a datasets.IterableDataset by "
-           "shard when it has at least as many shards as processes)",
-    LOGICAL: "the stream is read as logical shards",
-}
 _WORKER_SALT = 0x5EED
 _BASE_SETTINGS = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", "persistent_workers",
                   "pin_memory_device")
@@ -312,7 +302,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             )
         rescaled = self._rescaled(state_dict)
         if rescaled:
-            self._check_rescale(state_dict, where)
+            check_rescale(state_dict[S.TOPOLOGY], state_dict[STREAM], self._reader_now(), where)
         if not rescaled and saved.get("rank") != self.ctx.rank:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
@@ -333,37 +323,9 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
             )
 
-    def _check_rescale(self, state_dict: Mapping[str, Any], where: str) -> None:
-        """Refuse, in the user's terms, a change of processes or workers this stream cannot continue across."""
-        saved, stream = state_dict[S.TOPOLOGY], state_dict[STREAM]
-        was = f"{_count(saved.get('world_size'), 'process')} with {_count(saved.get('num_workers'), 'worker')}"
-        now = f"{self.ctx.world_size} with {self.num_workers}"
-        reading = stream.get("reading")
-        if reading != self._reading and reading in _READING:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the checkpoint was written on {was}, where {_READING[reading]}; on "
-                f"{_count(self.ctx.world_size, 'process')} {_READING[self._reading]}, so the position does not "
-                f"carry over; relaunch with --num_processes {saved.get('world_size')}, or read the stream as "
-                "logical shards (HFShards, or the ShardedSource protocol) to change the number of processes"
-            )
-        if self.elastic:
-            return
-        if self._reading == WHOLE and reading == WHOLE:
-            if stream.get("workers") == self._position.num_logical:
-                return  # one stream read by every rank: its position is global (see _restore)
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the checkpoint was written on {was}, this loader has {self.num_workers} "
-                f"workers; each worker reads its own share of "
-                f"{type(self.dataset).__name__} and its position belongs to that share, so pass "
-                f"num_workers={saved.get('num_workers')} (the number of processes may change)"
-            )
-        raise UnsupportedConfigError(
-            f"cannot resume{where}: the checkpoint was written on {was}, this is {now}; "
-            f"{type(self.dataset).__name__} resumes only on the same number of processes and workers (each "
-            "process read its own shards, and a position belongs to each reader's share of the stream); "
-            "implement the ShardedSource protocol (num_shards/open_shard) to make it elastic, or relaunch with "
-            f"--num_processes {saved.get('world_size')} and num_workers={saved.get('num_workers')}"
-        )
+    def _reader_now(self) -> Readers:
+        return Readers(self._reading, self.ctx.world_size, self.num_workers, self._position.num_logical,
+                       type(self.dataset).__name__)
 
     def _rescaled(self, state_dict: Mapping[str, Any]) -> bool:
         saved = state_dict[S.TOPOLOGY]
@@ -417,10 +379,6 @@ class IterableShardDataLoader(DataLoaderAdapter):
             "skip_first_batches cannot move an iterable dataset without reading it; resume with "
             "accelerator.load_state()/resume(), which restores the stream's position instead"
         )
-
-
-def _count(n: Any, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 def shard_hf_iterable(dataset: Any, ctx: DistContext, split_batches: bool) -> tuple[Any, bool]:
