@@ -134,8 +134,8 @@ class ShardDataLoader(DataLoaderAdapter):
             )
         if dataloader.batch_size is None:
             raise UnsupportedConfigError(
-                "the DataLoader has no batch_size (a custom batch_sampler, or batch_size=None), which the "
-                "stateful loader does not support; pass batch_size=... and, if needed, sampler=..."
+                "the DataLoader has no batch_size, which the shard loader does not support; pass batch_size=..., "
+                "or, for your own batches, batch_sampler=... (prepared as BatchSamplerDataLoader)"
             )
         sampler = dataloader.sampler
         if not isinstance(sampler, Sized):

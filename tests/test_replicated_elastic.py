@@ -138,3 +138,15 @@ def test_no_workers_and_one_worker_both_read_the_stream_whole_so_either_may_foll
         dl.load_state_dict(states[0])
         rest += [i for b in dl for i in b.tolist()]
     assert sorted(set(rest) - set(taken)) == sorted(set(range(N)) - set(taken))
+
+
+def test_a_state_written_before_the_reading_was_recorded_still_resumes_on_the_same_topology():
+    taken, states = save_after(2, 2)
+    old = {**states[1], "config": {**states[1]["config"], "sliced_per_rank": True}}
+    old["stream"] = {k: v for k, v in old["stream"].items() if k != "reading"}
+    resumed, current = make(2, 1), make(2, 1)
+    resumed.load_state_dict(old)
+    current.load_state_dict(states[1])
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in current]
+    with pytest.raises(UnsupportedConfigError, match="--num_processes 2"):
+        make(3, 0).load_state_dict({**old, "topology": {**old["topology"], "rank": 0}})
