@@ -6,6 +6,7 @@ from ._files import latest_checkpoint
 from ._position import ShardPlan
 from ._state import FORMAT_VERSION, LoaderState
 from .accelerator import Accelerator
+from .batchsampler import BatchSamplerDataLoader
 from .errors import (
     CheckpointError,
     LifecycleError,
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Accelerator",
+    "BatchSamplerDataLoader",
     "CheckpointError",
     "DataLoaderAdapter",
     "DispatchDataLoader",

@@ -122,9 +122,13 @@ def check_shape(state: Mapping[str, Any], source: str = "") -> None:
             )
 
 
+# Config keys older states carry that no longer decide anything (how a stream is read is now its "reading").
+RETIRED_CONFIG_KEYS = frozenset({"sliced_per_rank"})
+
+
 def config_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[Mismatch]:
-    """Every config field on which ``saved`` and ``current`` differ, in key order."""
-    keys = sorted(set(saved) | set(current))
+    """Every config field on which ``saved`` and ``current`` differ, in key order (retired keys ignored)."""
+    keys = sorted((set(saved) | set(current)) - RETIRED_CONFIG_KEYS)
     return [Mismatch(k, saved.get(k), current.get(k)) for k in keys if saved.get(k) != current.get(k)]
 
 

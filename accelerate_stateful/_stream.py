@@ -28,7 +28,6 @@ items read, and resuming fast-forwards over them (counted as replayed).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import pickle
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ._channels import Channels, Ring
 from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
+from ._workerinit import LogicalWorkerInit, show_dataset
 from .errors import StatefulLoaderError
 
 
@@ -101,8 +101,12 @@ class StreamDataset(IterableDataset):
         ring_size: int,
         slicer: Optional[Slicer] = None,
         mp_context: Any = None,
+        shown: Any = None,
+        worker_init: Optional[LogicalWorkerInit] = None,
     ) -> None:
         self.dataset = dataset
+        self.shown = dataset if shown is None else shown  # what get_worker_info().dataset is: the user's dataset
+        self.worker_init = worker_init
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.collate_fn = collate_fn
@@ -148,7 +152,9 @@ class StreamDataset(IterableDataset):
             return self._batches(self._local_start or WorkerStart(generation=0, logical=0), None)
         start = self._channels.instruction(info.id, self._floor)
         self._channels.serve(info.id, self._ring)
-        _play_worker(info, start.logical)
+        _play_worker(info, start.logical, self.shown)
+        if self.worker_init is not None:
+            self.worker_init.play(start.logical, self.shown)
         return self._batches(start, info.id)
 
     def _batches(self, start: WorkerStart, physical: Optional[int]) -> Iterator[Any]:
@@ -208,19 +214,9 @@ def _physical_worker_info() -> Any:
     return _physical_info if _physical_info is not None else get_worker_info()
 
 
-def _play_worker(info: Any, logical: int) -> None:
-    """Make ``get_worker_info()`` in this worker report ``logical`` as its id (and that worker's seed)."""
-    from torch.utils.data._utils import worker as torch_worker
-
+def _play_worker(info: Any, logical: int, dataset: Any) -> None:
+    """Make ``get_worker_info()`` in this worker report ``logical`` as its id (and that worker's seed), and the
+    user's ``dataset``."""
     global _physical_info
     _physical_info = info
-
-    fields = {"id": logical, "seed": info.seed - info.id + logical}
-    if dataclasses.is_dataclass(info):
-        torch_worker._worker_info = dataclasses.replace(info, **fields)
-    else:
-        torch_worker._worker_info = type(info)(
-            num_workers=info.num_workers, dataset=info.dataset, **fields
-        )
-
-
+    show_dataset(dataset, id=logical, seed=info.seed - info.id + logical)

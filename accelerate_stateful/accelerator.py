@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import _checkpoints, _files, _resume, _teardown
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
+from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
 from .errors import CheckpointError, UnsupportedConfigError
 from .dispatch import DispatchDataLoader
 from .iterable import IterableShardDataLoader
@@ -73,6 +74,8 @@ class Accelerator(accelerate.Accelerator):
             loader = RoundRobinLoader.from_dataloader(data_loader, ctx, **common)
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
+        elif uses_batch_sampler(data_loader):
+            loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         else:
             loader = ShardDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         self._dataloaders.append(loader)

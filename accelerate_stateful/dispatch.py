@@ -51,7 +51,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         device: Optional[torch.device] = None,
         non_blocking: bool = False,
     ) -> None:
-        if split_batches and reader.batch_size % ctx.world_size != 0:
+        if split_batches and (reader.batch_size is None or reader.batch_size % ctx.world_size != 0):
             raise UnsupportedConfigError(
                 f"split_batches=True needs a batch_size divisible by the number of processes: "
                 f"batch_size={reader.batch_size}, processes={ctx.world_size}; change one of them"
@@ -80,6 +80,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         slice_fn: Optional[Callable] = None,
     ) -> "DispatchDataLoader":
         """Build the dispatcher that replaces a user's ``DataLoader`` in ``prepare``."""
+        from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
         from .iterable import IterableShardDataLoader
         from .roundrobin import RoundRobinDataset, RoundRobinLoader
         from .shard import ShardDataLoader
@@ -90,6 +91,8 @@ class DispatchDataLoader(DataLoaderAdapter):
             reader = RoundRobinLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         elif isinstance(dataloader.dataset, IterableDataset):
             reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        elif uses_batch_sampler(dataloader):
+            reader = BatchSamplerDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         else:
             reader = ShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         if ctx.world_size > 1 and reader.seed_source == "drawn":

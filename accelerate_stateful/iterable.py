@@ -12,7 +12,10 @@ from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from ._order import mix_seed
+from ._ordered import require_in_order
 from ._stream import Slicer, StreamDataset, WorkerStart, passthrough
+from ._reading import LOGICAL, SPLIT, WHOLE, Readers, check_rescale
+from ._workerinit import LogicalWorkerInit
 from .sharded import LogicalShardStream, ShardedSource, merge_positions
 from .errors import UnsupportedConfigError
 
@@ -85,12 +88,9 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"split_batches=True needs a batch_size divisible by the number of processes: "
                 f"batch_size={batch_size}, processes={ctx.world_size}; change one of them"
             )
-        if loader_settings.get("in_order") is False and num_workers > 0:
-            raise UnsupportedConfigError(
-                "in_order=False lets workers deliver batches in any order, which cannot be resumed exactly; "
-                "pass in_order=True (the default)"
-            )
+        require_in_order(dict(loader_settings, num_workers=num_workers))
         loader_settings.pop("in_order", None)
+        user_init = loader_settings.pop("worker_init_fn", None)
         self._per_rank = batch_size // ctx.world_size if split_batches else batch_size
         slicer = Slicer(ctx.world_size, ctx.rank, self._per_rank, drop_last) if slice_per_rank else None
         self._stream = StreamDataset(
@@ -102,6 +102,10 @@ class IterableShardDataLoader(DataLoaderAdapter):
             ring_size=(loader_settings.get("prefetch_factor") or 2) * max(num_workers, 1) + 4,
             slicer=slicer,
             mp_context=multiprocessing_context,
+            shown=dataset.source if isinstance(dataset, LogicalShardStream) else dataset,
+            # called by the stream in each worker, once it knows which logical worker it plays
+            worker_init=LogicalWorkerInit(user_init, bool(loader_settings.get("persistent_workers")))
+            if user_init is not None else None,
         )
         self._worker_generator = torch.Generator()
         base = DataLoader(
@@ -118,6 +122,10 @@ class IterableShardDataLoader(DataLoaderAdapter):
         self._drop_last = drop_last
         self._split_batches = split_batches
         self._sliced = slicer is not None
+        if isinstance(dataset, LogicalShardStream):
+            self._reading = LOGICAL
+        else:
+            self._reading = WHOLE if self._sliced or ctx.world_size == 1 else SPLIT
         self._position = StreamPosition(max(num_workers, 1))
         self._generation = 0
         self._pass: Optional[tuple[int, int, list[WorkerStart]]] = None
@@ -256,6 +264,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 "taken": list(pos.taken),
                 "snapshots": self._snapshots(),
                 "stateful": self._stream.stateful,
+                "reading": self._reading,
             },
         }
 
@@ -265,7 +274,6 @@ class IterableShardDataLoader(DataLoaderAdapter):
             "dataset": type(self.dataset).__qualname__,
             "drop_last": self._drop_last,
             "split_batches": self._split_batches,
-            "sliced_per_rank": self._sliced,
         }
 
     def _remainder(self) -> int:
@@ -293,16 +301,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 "edited by hand, resume from another checkpoint"
             )
         rescaled = self._rescaled(state_dict)
-        if rescaled and not self.elastic:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the state was written by rank {saved.get('rank')} of "
-                f"{saved.get('world_size')} processes with {saved.get('num_workers')} workers, this is rank "
-                f"{self.ctx.rank} of {self.ctx.world_size} with {self.num_workers}; {type(self.dataset).__name__} "
-                "resumes only on the same number of processes and workers (its position belongs to each reader's "
-                "share of the stream); implement the ShardedSource protocol (num_shards/open_shard) to make it "
-                f"elastic, or relaunch with --num_processes {saved.get('world_size')} and "
-                f"num_workers={saved.get('num_workers')}"
-            )
+        if rescaled:
+            check_rescale(state_dict[S.TOPOLOGY], state_dict[STREAM], self._reader_now(), where)
         if not rescaled and saved.get("rank") != self.ctx.rank:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
@@ -322,6 +322,10 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"cannot resume{where}: inconsistent position: the workers' batches add up to {sum(taken)}, "
                 f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
             )
+
+    def _reader_now(self) -> Readers:
+        return Readers(self._reading, self.ctx.world_size, self.num_workers, self._position.num_logical,
+                       type(self.dataset).__name__)
 
     def _rescaled(self, state_dict: Mapping[str, Any]) -> bool:
         saved = state_dict[S.TOPOLOGY]
@@ -344,13 +348,16 @@ class IterableShardDataLoader(DataLoaderAdapter):
         pos = self._position
         self._pass = None
         pos.last = None
-        if self._rescaled(state_dict):
+        if self.elastic and self._rescaled(state_dict):
             # Elastic: every part's position, dealt out again to this topology's readers from its own position.
             table = {"items": 0, "ended": False, "dataset": merge_positions(stream["snapshots"])}
             pos.taken = [0] * pos.num_logical
             pos.snapshots = [table] * pos.num_logical  # read only: each pass loads a copy (DatasetPosition.open)
             pos.rotation = 0
             return
+        # Same topology, or one whole stream read by every rank on another number of processes: each logical
+        # worker's stream position is global (a boundary of the global batches), so the new ranks slice the
+        # next global batches at their own size from it.
         pos.taken = list(stream["taken"])
         pos.snapshots = list(stream["snapshots"])
         pos.rotation = stream["rotation"]

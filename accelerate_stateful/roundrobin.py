@@ -12,6 +12,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, defa
 from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
+from ._ordered import require_in_order
+from ._workerinit import ShowingWorkerInit
 from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
 from .errors import StatefulLoaderError, UnsupportedConfigError
 
@@ -120,9 +122,10 @@ class RoundRobinLoader(DataLoaderAdapter):
                 "a RoundRobinDataset is read in one place: on several processes it needs dispatch_batches=True "
                 "(Accelerate's default for iterable datasets), so that rank 0 reads it and sends each rank its part"
             )
-        if loader_settings.get("in_order") is False:
-            raise UnsupportedConfigError("in_order=False cannot be resumed exactly; pass in_order=True")
+        require_in_order(loader_settings)
         loader_settings.pop("in_order", None)
+        if loader_settings.get("worker_init_fn") is not None:  # the workers run a transform stage, not the dataset
+            loader_settings["worker_init_fn"] = ShowingWorkerInit(loader_settings["worker_init_fn"], dataset)
         base = DataLoader(
             _Transform(dataset.transform), batch_sampler=_SourceBatches(self), collate_fn=collate_fn or default_collate,
             **loader_settings,

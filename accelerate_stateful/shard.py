@@ -12,6 +12,7 @@ from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from ._order import EpochOrder, mix_seed, order_for
+from ._ordered import require_in_order
 from ._position import ShardPlan
 from .errors import UnsupportedConfigError
 
@@ -97,6 +98,7 @@ class ShardDataLoader(DataLoaderAdapter):
                 f"split_batches=True needs a batch_size divisible by the number of processes: "
                 f"batch_size={batch_size}, processes={ctx.world_size}; change one of them"
             )
+        require_in_order(loader_settings)
         self._sampler = _PlanBatchSampler()
         self._worker_generator = torch.Generator()
         base = DataLoader(dataset, batch_sampler=self._sampler, generator=self._worker_generator, **loader_settings)
@@ -132,8 +134,8 @@ class ShardDataLoader(DataLoaderAdapter):
             )
         if dataloader.batch_size is None:
             raise UnsupportedConfigError(
-                "the DataLoader has no batch_size (a custom batch_sampler, or batch_size=None), which the "
-                "stateful loader does not support; pass batch_size=... and, if needed, sampler=..."
+                "the DataLoader has no batch_size, which the shard loader does not support; pass batch_size=..., "
+                "or, for your own batches, batch_sampler=... (prepared as BatchSamplerDataLoader)"
             )
         sampler = dataloader.sampler
         if not isinstance(sampler, Sized):

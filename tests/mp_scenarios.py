@@ -58,7 +58,7 @@ import torch.distributed as dist
 from accelerate.state import GradientState, PartialState
 from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, gather_object
 from torch.distributed.algorithms.join import Join
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
 import accelerate_stateful
 from accelerate_stateful import DispatchDataLoader, _files
@@ -78,12 +78,13 @@ SavePoint = tuple
 
 def _scenario(sid: str, *, n: int, bs: int, shuffle: str = "off", drop_last: bool = False, even: bool = True,
               split: bool = False, workers: int = 0, ga: int = 1, skip: int = 0, auto: bool = False,
-              data: str = "map", dispatch: Optional[bool] = None, persistent: bool = False) -> dict:
+              data: str = "map", dispatch: Optional[bool] = None, persistent: bool = False,
+              bsampler: bool = False) -> dict:
     """One scenario. ``data`` names a dataset of ``DATASETS``; ``dispatch`` is ``dispatch_batches`` (``None``:
     Accelerate's default, the dispatcher for an iterable dataset, each rank its shard for a map-style one)."""
     return dict(id=sid, n=n, bs=bs, shuffle=shuffle, drop_last=drop_last, even=even, split=split,
                 workers=workers, ga=ga, skip=skip, auto=auto, data=data, dispatch=dispatch,
-                persistent=persistent)
+                persistent=persistent, bsampler=bsampler)
 
 
 # One covering set per world size. Within a set, every pair of values of the two-valued factors
@@ -104,6 +105,8 @@ SCENARIO_SETS: dict[str, list[dict]] = {
         _scenario("w1-gen-drop-split-skip", n=19, bs=2, shuffle="generator", drop_last=True, split=True,
                   skip=2),
         _scenario("w1-seq-drop-uneven-ga2", n=17, bs=5, drop_last=True, even=False, ga=2),
+        # a user's batch_sampler (BatchSamplerDataLoader), dealt as Accelerate's BatchSamplerShard deals it
+        _scenario("w1-bsampler-workers2", n=17, bs=3, workers=2, bsampler=True),
     ],
     "world2": [
         _scenario("w2-seq-workers2-drop-split-ga2", n=27, bs=4, drop_last=True, split=True, workers=2, ga=2),
@@ -115,6 +118,8 @@ SCENARIO_SETS: dict[str, list[dict]] = {
         _scenario("w2-gen-drop-split-skip", n=23, bs=2, shuffle="generator", drop_last=True, split=True,
                   skip=2),
         _scenario("w2-seq-drop-uneven-ga2", n=29, bs=3, drop_last=True, even=False, ga=2),
+        _scenario("w2-bsampler-workers2-split", n=21, bs=4, workers=2, split=True, bsampler=True),
+        _scenario("w2-bsampler-gen-drop", n=23, bs=3, shuffle="generator", drop_last=True, bsampler=True),
     ],
     "world3": [
         _scenario("w3-seq-workers2-drop-split-ga2", n=31, bs=3, drop_last=True, split=True, workers=2, ga=2),
@@ -126,6 +131,7 @@ SCENARIO_SETS: dict[str, list[dict]] = {
         _scenario("w3-gen-drop-split-skip", n=25, bs=3, shuffle="generator", drop_last=True, split=True,
                   skip=2),
         _scenario("w3-seq-drop-uneven-ga2", n=32, bs=3, drop_last=True, even=False, ga=2),
+        _scenario("w3-bsampler-workers2", n=22, bs=2, workers=2, bsampler=True),
     ],
 }
 
@@ -336,6 +342,12 @@ def make_dataloader(cfg: dict) -> DataLoader:
         kwargs = {"shuffle": True}
     if cfg["persistent"]:
         kwargs["persistent_workers"] = True
+    if cfg.get("bsampler"):
+        generator = kwargs.pop("generator", None)
+        order = RandomSampler(range(cfg["n"]), generator=generator) if kwargs.pop("shuffle", False) else \
+            SequentialSampler(range(cfg["n"]))
+        return DataLoader(DATASETS[cfg["data"]](cfg["n"]), num_workers=cfg["workers"],
+                          batch_sampler=BatchSampler(order, cfg["bs"], cfg["drop_last"]), **kwargs)
     return DataLoader(DATASETS[cfg["data"]](cfg["n"]), batch_size=cfg["bs"], drop_last=cfg["drop_last"],
                       num_workers=cfg["workers"], **kwargs)
 

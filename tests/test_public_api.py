@@ -4,6 +4,7 @@ import accelerate_stateful
 
 INTENDED = [
     "Accelerator",
+    "BatchSamplerDataLoader",
     "CheckpointError",
     "DataLoaderAdapter",
     "DispatchDataLoader",
