@@ -19,6 +19,7 @@ import torch
 from . import _state as S
 from ._context import DistContext
 from ._order import EpochOrder, SequentialOrder, ShuffledOrder
+from .batchsampler import BatchSamplerDataLoader
 from .dispatch import DispatchDataLoader
 from .errors import CheckpointError, StatefulLoaderError
 from .iterable import IterableShardDataLoader
@@ -31,6 +32,7 @@ KINDS = {
     DispatchDataLoader.mode: "dispatcher",
     IterableShardDataLoader.mode: "stream",
     RoundRobinLoader.mode: "round-robin",
+    BatchSamplerDataLoader.mode: "batch-sampler",
 }
 _REPRODUCIBLE = {SequentialOrder.kind: SequentialOrder, ShuffledOrder.kind: ShuffledOrder}
 

@@ -156,3 +156,26 @@ def test_a_damaged_stream_position_is_refused_in_one_line(tmp_path):
     ckpt = save_checkpoint(tmp_path / "stream", [[state]])
     status, out, err = run_cli("inspect", ckpt)
     assert status == 3 and out == "" and "the stream position is damaged" in _one_error_line(err)
+
+
+def test_a_user_batch_sampler_is_inspected_and_samples_says_it_needs_the_sampler(tmp_path):
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from accelerate_stateful import BatchSamplerDataLoader
+
+    def taken(rank: int) -> dict:
+        sampler = BatchSampler(RandomSampler(range(20), generator=__import__("torch").Generator()), 3, False)
+        loader = BatchSamplerDataLoader.from_dataloader(DataLoader(range(20), batch_sampler=sampler),
+                                                        DistContext(rank, 2), data_seed=1)
+        it = iter(loader)
+        next(it)
+        return loader.state_dict()
+
+    ckpt = save_checkpoint(tmp_path / "checkpoint_1", [[taken(r) for r in range(2)]])
+    status, out, err = run_cli("inspect", ckpt, "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["loaders"][0]["kind"] == "batch-sampler"
+    assert [r["epoch"] for r in report["loaders"][0]["ranks"]] == [0, 0]
+    status, out, err = run_cli("samples", ckpt, "--remaining")
+    assert status == 4 and "sampler" in err, (status, err)
