@@ -16,6 +16,8 @@ setup(
         "safetensors>=0.4",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0"],
+        # accelerate_stateful.transformers (StatefulTrainer, stateful(SFTTrainer)); tested with 5.23 and trl 1.16.
+        "transformers": ["transformers>=5.0,<6", "trl>=1.0,<2"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0", "transformers>=5.0,<6", "trl>=1.0,<2"],
     },
 )

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _files
+from . import _files, _preemption
 from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
@@ -176,6 +176,16 @@ class Accelerator(accelerate.Accelerator):
             self.project_configuration.iteration = number + 1
         return path
 
+    def checkpoint_on_preemption(self, *loaders: DataLoaderAdapter, signals=_preemption.PREEMPTION_SIGNALS):
+        """On SIGTERM or SIGUSR1, save a complete checkpoint at the next optimizer step on every rank and exit.
+
+        Call it once, after ``prepare``: when the loop asks ``loaders`` (default: every prepared one) for the
+        batch after an optimizer step, the ranks agree on whether any of them was signalled; if so every rank
+        calls ``save_state()`` and the process exits with status 143 (``PREEMPTED_EXIT_CODE``). Running the
+        same command (with ``resume()``) continues exactly. See ``docs/trainer.md#preemption``.
+        """
+        return _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
+
     # ----------------------------------------------------------------- internals
     def _checkpoint_root(self) -> Path:
         return Path(self.project_dir) / "checkpoints"
@@ -198,7 +208,7 @@ class Accelerator(accelerate.Accelerator):
             shutil.rmtree(output_dir)
         self.wait_for_everyone()
 
-    def _read_loader_states(self, checkpoint: Path) -> list[Any]:
+    def _read_loader_states(self, checkpoint: Path, loaders: Optional[list] = None) -> list[Any]:
         """This rank's state of every loader, read and validated before anything is loaded.
 
         On another number of processes (elastic resume), every rank takes the main process's state, after
@@ -206,7 +216,7 @@ class Accelerator(accelerate.Accelerator):
         refuses with the reason.
         """
         manifest = _files.read_manifest(checkpoint)
-        loaders = self.stateful_loaders
+        loaders = self.stateful_loaders if loaders is None else loaders
         if manifest["num_loaders"] != len(loaders):
             raise CheckpointError(
                 f"{checkpoint} holds {manifest['num_loaders']} loader states, this run prepared {len(loaders)} "
