@@ -380,5 +380,5 @@ def stateful(trainer_class: type) -> type:
 
 
 __all__ = ["PREEMPTED_EXIT_CODE", "StatefulTrainer", "StatefulTrainerMixin", "check_transformers",
-           "latest_trainer_checkpoint", "stateful"]
+           "checkpoint_step", "latest_trainer_checkpoint", "stateful"]
 PREEMPTED_EXIT_CODE = _preemption.PREEMPTED_EXIT_CODE

@@ -146,3 +146,19 @@ def test_the_public_names_of_the_integration():
     assert sorted(integration.__all__) == integration.__all__
     assert "PREEMPTED_EXIT_CODE" in accelerate_stateful.__all__
     assert inspect.signature(StatefulTrainer.train).parameters["resume_from_checkpoint"].default is None
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.8])
+def test_a_resumed_stream_reads_nothing_before_its_position_where_stock_trainer_reads_all_of_it(
+        fraction, tmp_path, fresh_accelerate_state):
+    from scripts import load_script
+
+    bench = load_script("benchmarks/bench_trainer.py", "bench_trainer")
+    items, batch = 40, 4
+    _, ours = bench.resume_time("ours", tmp_path, items, batch, fraction)
+    _, stock = bench.resume_time("stock", tmp_path, items, batch, fraction)
+    position = round(fraction * items / batch) * batch
+    # Ours: the first step's batch and one batch of look-ahead, wherever the position is.
+    assert ours == 2 * batch
+    # Stock Trainer (skip_first_batches): every item up to the position is produced again and thrown away.
+    assert stock == position + 2 * batch

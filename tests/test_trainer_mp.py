@@ -81,7 +81,8 @@ def _check_interruption(cfg: dict, attempts: list[list[dict]], rank: int) -> lis
     if kind in ("term", "usr1"):
         if exits != [EXIT_PREEMPTED]:
             return [f"{where}: the preempted attempt recorded exits {exits}, expected [{EXIT_PREEMPTED}]"]
-        if not step < resumed_at <= step + 3:
+        # The signal goes out after step `step`; the checkpoint is taken at the first boundary that sees it.
+        if not step <= resumed_at <= step + 3:
             return [f"{where}: resumed from checkpoint-{resumed_at}, not from the preemption checkpoint after {step}"]
         return []
     expected = (step // save_steps) * save_steps if kind == "kill" else step - save_steps

@@ -126,7 +126,8 @@ def tiny_tokenizer():
 # step; "usr1": SIGUSR1 to the last rank only after that step.
 SETS: dict[str, list[dict]] = {
     "world2": [
-        dict(sid="map-epochs", data="map", n=40, bs=2, ga=1, workers=0, epochs=2, save_steps=3, stop=("kill", 14)),
+        dict(sid="map-epochs", data="map", n=40, bs=2, ga=1, workers=0, epochs=2, save_steps=3, limit=3,
+             stop=("kill", 14)),
         dict(sid="hf-grouped-ga4", data="hf", n=48, bs=2, ga=4, workers=2, max_steps=9, save_steps=2,
              group=True, stop=("term", 5)),
         dict(sid="stream-2pass", data="stream", n=24, bs=2, ga=1, workers=2, max_steps=14, save_steps=4,
@@ -173,14 +174,14 @@ def make_trainer(cfg: dict, out: Path, rec: Recorder) -> Any:
     settings = dict(
         output_dir=str(out), per_device_train_batch_size=cfg["bs"], gradient_accumulation_steps=cfg["ga"],
         dataloader_num_workers=cfg["workers"], save_strategy="steps", save_steps=cfg["save_steps"],
-        save_total_limit=2, logging_steps=1, report_to=[], seed=0, learning_rate=1e-3, disable_tqdm=True,
+        save_total_limit=cfg.get("limit", 2), logging_steps=1, report_to=[], seed=0, learning_rate=1e-3, disable_tqdm=True,
         max_steps=cfg.get("max_steps", -1), num_train_epochs=cfg.get("epochs", 1),
         train_sampling_strategy="group_by_length" if cfg.get("group") else "random",
     )
     if cfg["data"] == "sft":
         from trl import SFTConfig, SFTTrainer
 
-        base, args = stateful(SFTTrainer), SFTConfig(max_length=16, **settings)
+        base, args = stateful(SFTTrainer), SFTConfig(max_length=16, bf16=False, **settings)
         extra = dict(processing_class=tiny_tokenizer())
         model = tiny_model("llama")
     else:
@@ -276,8 +277,8 @@ def run_loop(cfg: dict, out: Path, rec: Recorder, interrupted: bool) -> dict:
                 optimizer.step()
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
-                step += 1
                 rec.write(step=step, loss=accelerator.reduce(loss.detach(), "mean").item())
+                step += 1
                 if step % cfg["save_steps"] == 0:
                     accelerator.save_state()
                 if interrupted:
