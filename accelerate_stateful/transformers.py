@@ -8,113 +8,36 @@ restored from it and the Trainer's own counters (epoch, batches trained in the e
 the loader, so the Trainer skips nothing: nothing is read twice and nothing is replayed. See
 ``docs/trainer.md``.
 
-The Trainer offers no override point for three of its steps, so this module replaces three names of
-``transformers.trainer`` while one of its own methods runs (:func:`_swapped`): ``Accelerator`` (while
+The Trainer offers no override point for three of its steps, so ``_trainer_compat.swapped`` replaces
+three names of ``transformers.trainer`` while one of this module's methods runs: ``Accelerator`` (while
 the accelerator is built), ``skip_first_batches`` (while the resumed epoch runs) and
 ``rotate_checkpoints`` (while a checkpoint is saved: old checkpoints go only after the new one is
-complete). :func:`check_transformers` verifies them and the two private methods overridden here, and
-names the supported versions when a transformers release changes them.
+complete). ``check_transformers`` verifies them and the private methods overridden here, and names the
+supported versions when a transformers release changes them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import math
-import re
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 import transformers
-import transformers.trainer as hf_trainer
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from . import _files, _preemption
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
+from ._trainer_checkpoints import checkpoint_step, latest_trainer_checkpoint, rotate
+from ._trainer_compat import SUPPORTED_TRANSFORMERS, check_transformers, hf_trainer, swapped
 from .accelerator import Accelerator
-from .errors import CheckpointError, StatefulLoaderError, UnsupportedConfigError
+from .errors import StatefulLoaderError, UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
-
-SUPPORTED_TRANSFORMERS = "transformers >= 5.0, < 6 (tested with 5.23)"
-_CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-# What this module relies on inside transformers.trainer, checked by check_transformers().
-_MODULE_NAMES = ("Accelerator", "skip_first_batches", "rotate_checkpoints")
-_PRIVATE_METHODS = {
-    "_init_training_state": ("max_steps", "num_update_steps_per_epoch", "num_train_epochs",
-                             "resume_from_checkpoint", "trial"),
-    "_run_epoch": ("epoch", "train_dataloader", "steps_in_epoch", "num_update_steps_per_epoch",
-                   "resume_from_checkpoint", "epochs_trained", "steps_trained_in_current_epoch"),
-    "_save_checkpoint": ("model", "trial"),
-    "_get_output_dir": ("trial",),
-}
-
-
-def check_transformers() -> None:
-    """Raise ``UnsupportedConfigError`` if this transformers lacks what the integration relies on."""
-    problems = [f"transformers.trainer.{name} is gone" for name in _MODULE_NAMES if not hasattr(hf_trainer, name)]
-    for method, params in _PRIVATE_METHODS.items():
-        found = getattr(Trainer, method, None)
-        names = set(inspect.signature(found).parameters) if found is not None else set()
-        missing = [p for p in params if p not in names]
-        if found is None or missing:
-            problems.append(f"Trainer.{method} {'is gone' if found is None else f'lacks {missing}'}")
-    if problems:
-        raise UnsupportedConfigError(
-            f"accelerate_stateful.transformers supports {SUPPORTED_TRANSFORMERS}; this is transformers "
-            f"{transformers.__version__}, where " + "; ".join(problems) + ". Install a supported version."
-        )
-
-
-# --------------------------------------------------------------------------- checkpoints
-def checkpoint_step(path: Union[str, Path]) -> Optional[int]:
-    """N of a ``checkpoint-N`` folder, or ``None`` for another name."""
-    match = _CHECKPOINT_NAME.match(Path(path).name)
-    return int(match.group(1)) if match else None
-
-
-def complete_trainer_checkpoints(output_dir: Union[str, Path]) -> list[Path]:
-    """The complete ``checkpoint-N`` folders under ``output_dir``, newest (highest N) first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return [p for p in sorted(found, key=checkpoint_step, reverse=True) if _files.is_complete(p)]
-
-
-def latest_trainer_checkpoint(output_dir: Union[str, Path]) -> Optional[Path]:
-    """The newest complete ``checkpoint-N`` under ``output_dir``; a folder whose save was cut short never counts."""
-    return next(iter(complete_trainer_checkpoints(output_dir)), None)
-
-
-def _rotate(run_dir: Path, keep: Optional[int], best: Optional[str]) -> None:
-    """Keep the ``keep`` newest complete checkpoints (and the best one); drop older ones and older leftovers."""
-    if keep is None or keep <= 0:
-        return
-    complete = complete_trainer_checkpoints(run_dir)
-    kept = set(complete[:keep]) | ({Path(best)} if best else set())
-    if not complete:
-        return
-    oldest_kept = min(checkpoint_step(p) for p in complete[:keep])
-    for path in run_dir.iterdir():
-        step = checkpoint_step(path)
-        if path.is_dir() and step is not None and step < oldest_kept and path not in kept:
-            shutil.rmtree(path)
-
-
-@contextlib.contextmanager
-def _swapped(name: str, value: Any) -> Iterator[None]:
-    """``transformers.trainer.<name>`` is ``value`` inside the block (the Trainer has no override point there)."""
-    original = getattr(hf_trainer, name)
-    setattr(hf_trainer, name, value)
-    try:
-        yield
-    finally:
-        setattr(hf_trainer, name, original)
 
 
 class _TrainerAccelerator(Accelerator):
@@ -169,13 +92,19 @@ class StatefulTrainerMixin:
         self._resumed: Optional[_Resumed] = None
         self._preemption = _preemption.PreemptionRequest(preemption_signals) if preemption_signals else None
         super().__init__(*args, **kwargs)
+        if getattr(self.args, "enable_jit_checkpoint", False):
+            raise UnsupportedConfigError(
+                "enable_jit_checkpoint=True saves wherever the loop stands when SIGTERM arrives, possibly after "
+                "the next accumulation window was fetched, which cannot be resumed exactly; drop it: this Trainer "
+                "saves on SIGTERM/SIGUSR1 at the next optimizer step, agreed by all ranks (preemption_signals)"
+            )
         if self._preemption is not None:
             self._preemption.device = self.accelerator.device
             self.add_callback(_PreemptionCallback(self._preemption))
 
     # ----------------------------------------------------------------- public override points
     def create_accelerator_and_postprocess(self) -> None:
-        with _swapped("Accelerator", _TrainerAccelerator):
+        with swapped("Accelerator", _TrainerAccelerator):
             super().create_accelerator_and_postprocess()
 
     def train(self, resume_from_checkpoint: Union[str, bool, None] = None, *args: Any, **kwargs: Any) -> Any:
@@ -238,14 +167,14 @@ class StatefulTrainerMixin:
             call.arguments["num_update_steps_per_epoch"] = max(
                 math.ceil(resumed.batches / self.args.gradient_accumulation_steps), 1
             )
-        with _swapped("skip_first_batches", self._already_positioned):
+        with swapped("skip_first_batches", self._already_positioned):
             return super()._run_epoch(*call.args, **call.kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         run_dir = Path(self._get_output_dir(trial=trial))
         folder = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         self._clear_leftover(folder)
-        with _swapped("rotate_checkpoints", _no_rotation):
+        with swapped("rotate_checkpoints", _no_rotation):
             super()._save_checkpoint(model, trial)
         accelerator = self.accelerator
         _files.write_loader_state(folder, 0, accelerator.process_index, self._train_loader.state_dict())
@@ -256,7 +185,7 @@ class StatefulTrainerMixin:
                 extra={"trainer": type(self).__name__, "global_step": self.state.global_step},
             )
             if self.args.should_save:
-                _rotate(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+                rotate(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
         accelerator.wait_for_everyone()
 
     # ----------------------------------------------------------------- internals

@@ -9,7 +9,10 @@ Both run side by side in this one process, alternating which goes first, with on
 
 A second table measures what the preemption check costs per optimizer step when no signal arrives: a
 tiny model's step with and without ``accelerator.checkpoint_on_preemption()`` (hand-written loop, one
-process: the check is a flag test; with several processes it adds one all-reduce of one int per step).
+process: the check is a flag test). With several processes it adds one all-reduce of one int per step::
+
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 benchmarks/bench_trainer.py \
+        --launched-preemption-cost
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ def loop_step_time(steps: int, preemption: bool, root: Path) -> float:
                 accelerator.backward(loss)
                 optimizer.step()
                 optimizer.zero_grad()
-            return (time.perf_counter() - started) / steps
+            return (time.perf_counter() - started) / len(loader)
     finally:
         if request is not None:
             request.uninstall()
@@ -161,7 +164,26 @@ def measure(sizes: dict, started: float) -> Callable[[dict], str]:
     return render
 
 
+def preemption_cost_launched(steps: int, rounds: int) -> None:
+    """Under ``accelerate launch`` (several processes): the per-step cost, where the check is an all-reduce."""
+    import torch.distributed as dist
+
+    timings: dict[bool, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_index in range(rounds):
+            for preemption in rotated((False, True), round_index):
+                t = loop_step_time(steps, preemption, Path(tmp))
+                timings[preemption] = min(t, timings.get(preemption, float("inf")))
+    if dist.get_rank() == 0:
+        print(f"{dist.get_world_size()} processes, {steps} steps, best of {rounds}: without "
+              f"{timings[False] * 1e6:.1f} us/step, with {timings[True] * 1e6:.1f} us/step, "
+              f"ratio {timings[True] / timings[False]:.3f}", flush=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    if "--launched-preemption-cost" in (argv if argv is not None else sys.argv[1:]):
+        preemption_cost_launched(FULL["loop_steps"], FULL["rounds"])
+        return 0
     return run_main(argv, __doc__, "240 items, 1 round", (QUICK, FULL), measure)
 
 
