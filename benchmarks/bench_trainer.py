@@ -18,6 +18,7 @@ process: the check is a flag test). With several processes it adds one all-reduc
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import no_gc, rotated, run_main, table  # noqa: E402
 
 QUICK = {"items": 240, "batch": 4, "rounds": 1, "loop_steps": 100}
-FULL = {"items": 2000, "batch": 4, "rounds": 3, "loop_steps": 2000}
+FULL = {"items": 2000, "batch": 4, "rounds": 2, "loop_steps": 2000}
 POSITIONS = (0.1, 0.5, 0.9)
 
 
@@ -60,14 +61,15 @@ def collate(rows: list[dict]) -> dict:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _trainer(kind: str, out: Path, stream: SlowStream, max_steps: int, batch: int, on_step: Optional[Callable]):
+def _trainer(kind: str, out: Path, stream: SlowStream, max_steps: int, save_steps: int, batch: int,
+             on_step: Optional[Callable]):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     from accelerate_stateful.transformers import StatefulTrainer
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
-    args = TrainingArguments(str(out), per_device_train_batch_size=batch, max_steps=max_steps, save_steps=max_steps,
+    args = TrainingArguments(str(out), per_device_train_batch_size=batch, max_steps=max_steps, save_steps=save_steps,
                              save_strategy="steps", logging_steps=10_000, report_to=[], disable_tqdm=True,
                              dataloader_num_workers=0, use_cpu=True)
     cls = StatefulTrainer if kind == "ours" else Trainer
@@ -81,18 +83,33 @@ def _trainer(kind: str, out: Path, stream: SlowStream, max_steps: int, batch: in
     return trainer
 
 
-def resume_time(kind: str, root: Path, items: int, batch: int, fraction: float) -> tuple[float, int]:
-    """Seconds from ``train(resume_from_checkpoint=True)`` to the first optimizer step, and items produced."""
-    steps = items // batch
-    at = max(1, round(fraction * steps))
-    out = root / f"{kind}-{fraction}"
-    _trainer(kind, out, SlowStream(items), at, batch, None).train()
+def train_to(kind: str, out: Path, items: int, batch: int, steps: int, save_steps: int) -> None:
+    """Train ``steps`` optimizer steps, writing ``checkpoint-N`` every ``save_steps``."""
+    _trainer(kind, out, SlowStream(items), steps, save_steps, batch, None).train()
+
+
+def resume_from(kind: str, checkpoint: Path, out: Path, items: int, batch: int) -> tuple[float, int]:
+    """Seconds from ``train(resume_from_checkpoint=True)`` to the first optimizer step, and items produced.
+
+    ``checkpoint`` is copied alone into ``out``, so ``True`` finds it there as the newest.
+    """
+    shutil.copytree(checkpoint, out / checkpoint.name)
+    at = int(checkpoint.name.split("-")[1])
     stream, first = SlowStream(items), []
-    trainer = _trainer(kind, out, stream, at + 1, batch, lambda: first.append(time.perf_counter()) if not first else None)
+    trainer = _trainer(kind, out, stream, at + 1, at + 1, batch,
+                       lambda: first.append(time.perf_counter()) if not first else None)
     with no_gc():
         started = time.perf_counter()
         trainer.train(resume_from_checkpoint=True)
     return first[0] - started, stream.produced
+
+
+def resume_time(kind: str, root: Path, items: int, batch: int, fraction: float) -> tuple[float, int]:
+    """``resume_from`` a checkpoint taken at ``fraction`` of the stream."""
+    at = max(1, round(fraction * items / batch))
+    train_to(kind, root / f"{kind}-{fraction}", items, batch, at, at)
+    return resume_from(kind, root / f"{kind}-{fraction}" / f"checkpoint-{at}", root / f"{kind}-{fraction}-resumed",
+                       items, batch)
 
 
 def loop_step_time(steps: int, preemption: bool, root: Path) -> float:
@@ -132,15 +149,21 @@ def measure(sizes: dict, started: float) -> Callable[[dict], str]:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     rows, cost_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        steps = sizes["items"] // sizes["batch"]
+        every = max(1, round(0.1 * steps))
+        best: dict[tuple[str, float], tuple[float, int]] = {}
+        for round_index in range(sizes["rounds"]):
+            for kind in rotated(("stock", "ours"), round_index):
+                run = Path(tmp) / f"{kind}-{round_index}"
+                train_to(kind, run, sizes["items"], sizes["batch"], round(0.9 * steps / every) * every, every)
+                for fraction in POSITIONS:
+                    checkpoint = run / f"checkpoint-{round(fraction * steps / every) * every}"
+                    seconds, produced = resume_from(kind, checkpoint, Path(tmp) / f"{kind}-{round_index}-{fraction}",
+                                                    sizes["items"], sizes["batch"])
+                    if (kind, fraction) not in best or seconds < best[kind, fraction][0]:
+                        best[kind, fraction] = (seconds, produced)
         for fraction in POSITIONS:
-            best: dict[str, tuple[float, int]] = {}
-            for round_index in range(sizes["rounds"]):
-                for kind in rotated(("stock", "ours"), round_index):
-                    root = Path(tmp) / f"r{round_index}"
-                    seconds, produced = resume_time(kind, root, sizes["items"], sizes["batch"], fraction)
-                    if kind not in best or seconds < best[kind][0]:
-                        best[kind] = (seconds, produced)
-            (stock_s, stock_n), (ours_s, ours_n) = best["stock"], best["ours"]
+            (stock_s, stock_n), (ours_s, ours_n) = best["stock", fraction], best["ours", fraction]
             rows.append([f"{fraction:.0%}", f"{stock_s:.3f}", str(stock_n), f"{ours_s:.3f}", str(ours_n),
                          f"{stock_s / ours_s:.1f}x"])
         timings = {}

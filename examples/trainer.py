@@ -121,7 +121,8 @@ def demo() -> int:
     print("   exit", launch(resumed, DEMO_KILL_AT="7"), "(killed); newest complete checkpoint:",
           sorted(p.name for p in resumed.glob("checkpoint-*")))
     print("3. the same command: resumes, then SIGTERM to the launcher after step 15 ...", flush=True)
-    print("   exit", launch(resumed, DEMO_TERM_AT="15"), "(a checkpoint at the next step, then exit 143 per rank)")
+    print("   exit", launch(resumed, DEMO_TERM_AT="15"), "(each rank saved at the next step and exited with 143);",
+          "checkpoints:", sorted(p.name for p in resumed.glob("checkpoint-*")))
     print("4. the same command again: resumes to the end ...", flush=True)
     print("   exit", launch(resumed))
     ok = True
