@@ -161,10 +161,22 @@ def test_a_resumed_stream_reads_nothing_before_its_position_where_stock_trainer_
     assert bench.resume_time("stock", tmp_path, items, batch, 0.8)[1] == 32 + 2 * batch
 
 
-def test_the_jit_checkpoint_which_cannot_be_resumed_exactly_is_refused(tmp_path, fresh_accelerate_state):
+def _tiny_trainer(tmp_path, **settings):
     from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1))
-    args = TrainingArguments(str(tmp_path), enable_jit_checkpoint=True, report_to=[], use_cpu=True)
+    args = TrainingArguments(str(tmp_path), report_to=[], use_cpu=True, max_steps=1, **settings)
+    return StatefulTrainer(model=model, args=args, train_dataset=[{"input_ids": [1, 2]}] * 4)
+
+
+def test_what_cannot_be_resumed_exactly_is_refused_before_anything_is_trained(tmp_path, fresh_accelerate_state):
     with pytest.raises(UnsupportedConfigError, match="enable_jit_checkpoint=True .* drop it"):
-        StatefulTrainer(model=model, args=args, train_dataset=[])
+        _tiny_trainer(tmp_path, enable_jit_checkpoint=True)
+    fresh_accelerate_state._reset_state(True)
+    with pytest.raises(UnsupportedConfigError, match="ignore_data_skip=True .* drop ignore_data_skip"):
+        _tiny_trainer(tmp_path, ignore_data_skip=True).train(resume_from_checkpoint=True)
+    fresh_accelerate_state._reset_state(True)
+    unfinished = _checkpoint(tmp_path, 3, complete=False)
+    with pytest.raises(accelerate_stateful.CheckpointError, match="checkpoint-3 is incomplete"):
+        _tiny_trainer(tmp_path).train(resume_from_checkpoint=str(unfinished))
+    assert not (tmp_path / "checkpoint-1").exists()  # nothing was trained or saved
