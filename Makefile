@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench docs docs-check torture soak clean
+.PHONY: install test test-fast demo demo-trainer bench docs docs-check torture soak clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test-fast: install
 demo: install
 	$(PY) examples/demo.py --self-check
 
+# A 2-process 🤗 Trainer run SIGKILLed, then SIGTERMed, each time restarted with the same command; compared with an uninterrupted run.
+demo-trainer: install
+	$(PY) examples/trainer.py --demo
+
 # 50 kills at random instants (half aimed inside save_state), total_limit 1 then 3, a new seed each time.
 torture: install
 	TORTURE_KILLS=50 TORTURE_LIMITS=1,3 TORTURE_SEED=$${TORTURE_SEED:-$$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')} \
@@ -41,6 +45,7 @@ bench: install
 	mkdir -p bench_out
 	$(PY) benchmarks/bench_loader.py --json bench_out/loader.json
 	$(PY) benchmarks/bench_stream.py --json bench_out/stream.json
+	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/plot.py bench_out docs/figures
 
 # The site, into site/; strict: a broken link or reference, or a page missing from mkdocs.yml's nav, fails.

@@ -8,6 +8,8 @@ DOCS = [
     "matplotlib>=3.7,<4",
 ]
 
+TRANSFORMERS = ["transformers>=5.0,<6", "trl>=1.0,<2"]
+
 setup(
     name="accelerate-stateful",
     version="0.1.0",
@@ -27,6 +29,9 @@ setup(
     extras_require={
         # `make docs`: the site (mkdocs.yml), its API reference, and the figures (benchmarks/plot.py).
         "docs": DOCS,
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0", *DOCS],
+        # accelerate_stateful.transformers (StatefulTrainer, stateful(SFTTrainer)); tested with 5.23 and trl 1.16.
+        "transformers": TRANSFORMERS,
+        # `make test` pins the integrations to the versions the suite was written against.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0", *DOCS, "transformers==5.23.0", "trl==1.16.0"],
     },
 )

@@ -4,6 +4,7 @@ from ._adapter import DataLoaderAdapter, Phase
 from ._context import DistContext
 from ._files import latest_checkpoint
 from ._position import ShardPlan
+from ._preemption import PREEMPTED_EXIT_CODE
 from ._state import FORMAT_VERSION, LoaderState
 from .accelerator import Accelerator
 from .batchsampler import BatchSamplerDataLoader
@@ -41,6 +42,7 @@ __all__ = [
     "LoaderState",
     "LogicalShardStream",
     "Mismatch",
+    "PREEMPTED_EXIT_CODE",
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",

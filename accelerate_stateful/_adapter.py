@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import weakref
-from typing import Any, ClassVar, Generator, Iterator, Mapping, Optional
+from typing import Any, Callable, ClassVar, Generator, Iterator, Mapping, Optional
 
 import torch
 from accelerate.state import GradientState
@@ -72,6 +72,8 @@ class DataLoaderAdapter(Stateful):
         self._live: Optional[weakref.ref] = None
         self.end_of_dataloader = False
         self.remainder = -1
+        # Called when the loop asks for the batch after one it took (see ``_preemption``); None: no call.
+        self.on_batch_returned: Optional[Callable[[], None]] = None
 
     # ----------------------------------------------------------------- public surface
     @property
@@ -216,12 +218,17 @@ class DataLoaderAdapter(Stateful):
     def _run(self) -> Generator[Any, None, None]:
         self._phase = Phase.ITERATING
         self._begin()
+        batches = self._batches()
         try:
-            yield from self._batches()
+            for batch in batches:
+                yield batch
+                if self.on_batch_returned is not None:
+                    self.on_batch_returned()
             self._epoch += 1
             self._rewind()
             self._phase = Phase.EXHAUSTED
         finally:
+            batches.close()
             self._end()
 
     def _live_iterator(self) -> Optional[Generator]:

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _checkpoints, _files, _resume, _teardown
+from . import _checkpoints, _files, _preemption, _resume, _teardown
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
@@ -184,6 +184,16 @@ class Accelerator(accelerate.Accelerator):
         destroying it while one of them waits for the GIL hangs the process at its exit."""
         _teardown.settle()
         super().end_training()
+
+    def checkpoint_on_preemption(self, *loaders: DataLoaderAdapter, signals=_preemption.PREEMPTION_SIGNALS):
+        """On SIGTERM or SIGUSR1, save a complete checkpoint at the next optimizer step on every rank and exit.
+
+        Call it once, after ``prepare``: when the loop asks ``loaders`` (default: every prepared one) for the
+        batch after an optimizer step, the ranks agree on whether any of them was signalled; if so every rank
+        calls ``save_state()`` and the process exits with status 143 (``PREEMPTED_EXIT_CODE``). Running the
+        same command (with ``resume()``) continues exactly. See ``docs/trainer.md#preemption``.
+        """
+        return _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
 
     # ----------------------------------------------------------------- internals
     def _checkpoint_root(self) -> Path:

@@ -17,6 +17,7 @@ INTENDED = [
     "LoaderState",
     "LogicalShardStream",
     "Mismatch",
+    "PREEMPTED_EXIT_CODE",
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",
