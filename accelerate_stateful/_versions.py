@@ -21,7 +21,7 @@ def refuse_unknown_version(kind: str, found: Any, supported: tuple[int, ...], wh
                            error: type[Exception] = UnknownVersionError) -> None:
     """Raise ``error`` unless ``found`` is one of the ``supported`` versions of ``kind``.
 
-    Example:
+    Examples:
         >>> refuse_unknown_version("manifest_version", 1, (1,), "MANIFEST.json")
     """
     known = isinstance(found, int) and not isinstance(found, bool)

@@ -277,7 +277,7 @@ class StatefulTrainer(StatefulTrainerMixin, Trainer):
     - On SIGTERM or SIGUSR1 (``preemption_signals``; pass ``()`` to turn it off) every rank saves
       ``checkpoint-N`` at the next optimizer step and the process exits with status 143.
 
-    Example:
+    Examples:
         >>> trainer = StatefulTrainer(model=model, args=TrainingArguments("out", save_steps=50),  # doctest: +SKIP
         ...                           train_dataset=ds)
         >>> trainer.train(resume_from_checkpoint=True)                                          # doctest: +SKIP
@@ -291,7 +291,7 @@ def stateful(trainer_class: type) -> type:
     """A subclass of ``trainer_class`` (any ``transformers.Trainer`` subclass, e.g. TRL's ``SFTTrainer``) that
     resumes exactly, like :class:`StatefulTrainer`.
 
-    Example:
+    Examples:
         >>> from trl import SFTTrainer                                                     # doctest: +SKIP
         >>> trainer = stateful(SFTTrainer)(model=model, args=config, train_dataset=ds)     # doctest: +SKIP
     """
