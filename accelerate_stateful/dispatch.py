@@ -14,6 +14,9 @@ from ._context import DistContext
 from .errors import UnsupportedConfigError
 
 FIRST = "first_samples"
+# After a resume on another number of processes, where this epoch's steps of the new size began: the reader's
+# batches taken then, and the steps counted for them. (0, 0) in an epoch started at this size.
+ORIGIN = "step_origin"
 
 
 class DispatchDataLoader(DataLoaderAdapter):
@@ -65,6 +68,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         self._drop_last = drop_last
         self._slice_fn = slice_fn or slice_tensors
         self._steps = 0
+        self._origin = (0, 0)
         self._first: Any = None
 
     @classmethod
@@ -125,10 +129,16 @@ class DispatchDataLoader(DataLoaderAdapter):
         return self._reader
 
     def __len__(self) -> int:
-        whole = len(self._reader)
-        if self._split_batches:
-            return whole
-        return whole // self.ctx.world_size if self._drop_last else -(-whole // self.ctx.world_size)
+        read, steps = self._origin
+        return steps + self._steps_for(len(self._reader) - read)
+
+    @property
+    def _group(self) -> int:
+        """The reader's batches one step takes."""
+        return 1 if self._split_batches else self.ctx.world_size
+
+    def _steps_for(self, reader_batches: int) -> int:
+        return reader_batches // self._group if self._drop_last else -(-reader_batches // self._group)
 
     # ----------------------------------------------------------------- position hooks
     @property
@@ -136,7 +146,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         return self.ctx.is_main or not self.ctx.is_collective
 
     def _batches(self) -> Iterator[Any]:
-        group = 1 if self._split_batches else self.ctx.world_size
+        group = self._group
         source = self._reader._open_pass() if self._reads else None
         current = self._step_from(source, group)
         while current is not None:
@@ -187,7 +197,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         return self._steps
 
     def _position_state(self) -> dict:
-        return {S.BATCHES_YIELDED: self._steps, FIRST: self._first}
+        return {S.BATCHES_YIELDED: self._steps, FIRST: self._first, ORIGIN: list(self._origin)}
 
     def _base_state(self) -> Any:
         return self._reader.state_dict() if self._reads else None
@@ -228,22 +238,29 @@ class DispatchDataLoader(DataLoaderAdapter):
         if self._reads:
             self._reader.load_state_dict(state_dict[S.BASE])
         self._steps = state_dict[S.BATCHES_YIELDED]
+        self._origin = tuple(state_dict.get(ORIGIN) or (0, 0))
         if state_dict[S.TOPOLOGY]["world_size"] != self.ctx.world_size:
-            # Elastic: the reader's position is unchanged; what was taken counts in steps of the new size.
-            group = 1 if self._split_batches else self.ctx.world_size
-            self._steps = -(-state_dict[S.BASE][S.BATCHES_YIELDED] // group)
+            # Elastic: the reader's position is unchanged; what was taken counts in steps of the new size, and
+            # the rest of the epoch is cut in steps of the new size from there (so len() counts both).
+            read = state_dict[S.BASE][S.BATCHES_YIELDED]
+            self._steps = -(-read // self._group)
+            self._origin = (read, self._steps)
         self._first = state_dict.get(FIRST)
 
     def _rewind(self) -> None:
         self._steps = 0
+        self._origin = (0, 0)
         self._first = None
         self._reader._start_epoch(self._epoch)
 
     def _seek(self, num_batches: int) -> None:
         self._refuse_past_end(num_batches)
-        group = 1 if self._split_batches else self.ctx.world_size
+        read, steps = self._origin
+        if num_batches < steps:
+            # Before the steps of this size began: counted as if the whole epoch had run at this size.
+            read, steps = self._origin = (0, 0)
         if self._reads:
-            self._reader.seek(min(num_batches * group, len(self._reader)))
+            self._reader.seek(min(read + (num_batches - steps) * self._group, len(self._reader)))
         self._steps = num_batches
 
 

@@ -149,3 +149,34 @@ def test_the_resume_log_line_reports_the_part_of_the_epoch_taken_and_the_topolog
         _log_resume(0, resumed, state, Path("ckpt"))
     assert "loader 0: resuming epoch 0 at 52.2% on 3 ranks x 0 workers (was 2 x 0) from ckpt" in caplog.text
     assert resumed.batches_yielded == 0  # the new ranks' plan starts at the first sample not yet taken
+
+
+@pytest.mark.parametrize("world,new_world", [(w, v) for w in (1, 2, 3) for v in (1, 2, 3, 4) if w != v])
+@pytest.mark.parametrize("n,batch_size", [(45, 4), (29, 2), (12, 3)])
+@pytest.mark.parametrize("drop_last", [False, True], ids=["keep", "drop"])
+def test_the_dispatchers_length_counts_what_it_yields_after_an_elastic_resume(world, new_world, n, batch_size,
+                                                                              drop_last):
+    def make(w, r):
+        dl = DataLoader(list(range(n)), batch_size=batch_size, drop_last=drop_last)
+        return DispatchDataLoader.from_dataloader(dl, DistContext(r, w))
+
+    for steps in range(len(make(world, 0)) + 1):
+        first = make(world, 0)
+        _, state = take(first, steps)
+        state = through_files(state, 0)
+        resumed = [make(new_world, r) for r in range(new_world)]
+        for loader in resumed:
+            loader.load_state_dict(state)
+        for loader in resumed:
+            at, length = loader.batches_yielded, len(loader)
+            ends = [loader.end_of_dataloader for _ in loader]
+            assert at + len(ends) == length, (steps, loader.ctx.rank)
+            assert not any(ends[:-1]) and ends[-1:] in ([], [True])
+            # Saved again at the new size one batch later, and resumed there: the same length, the same rest.
+            step_on = make(new_world, loader.ctx.rank)
+            step_on.load_state_dict(state)
+            got, mid = take(step_on, min(1, length - at))
+            again = make(new_world, loader.ctx.rank)
+            again.load_state_dict(through_files(mid, loader.ctx.rank))
+            assert len(again) == length, (steps, loader.ctx.rank)
+            assert at + len(got) + sum(1 for _ in again) == length, (steps, loader.ctx.rank)
