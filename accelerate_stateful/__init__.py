@@ -4,6 +4,7 @@ from ._adapter import DataLoaderAdapter, Phase
 from ._context import DistContext
 from ._files import latest_checkpoint
 from ._position import ShardPlan
+from ._rng import SampleRNG, sample_rng
 from ._state import FORMAT_VERSION, LoaderState
 from .accelerator import Accelerator
 from .errors import (
@@ -42,6 +43,7 @@ __all__ = [
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",
+    "SampleRNG",
     "ShardDataLoader",
     "ShardPlan",
     "ShardedSource",
@@ -52,4 +54,5 @@ __all__ = [
     "TextLines",
     "UnsupportedConfigError",
     "latest_checkpoint",
+    "sample_rng",
 ]

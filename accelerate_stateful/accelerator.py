@@ -11,9 +11,10 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _files
+from . import _accumulation, _files
 from . import _state as S
 from ._adapter import DataLoaderAdapter
+from . import _rng
 from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
 from .dispatch import DispatchDataLoader
@@ -44,7 +45,21 @@ class Accelerator(accelerate.Accelerator):
         ... )
         >>> model, optimizer, dl = accelerator.prepare(model, optimizer, dl)   # doctest: +SKIP
         >>> accelerator.resume()                                          # doctest: +SKIP
+
+    Args:
+        pipeline_rng: How randomness drawn in a map-style dataset's ``__getitem__`` is reproduced after a
+            resume: ``"auto"`` (default: seeded per batch in workers), ``"batch"``, ``"sample"`` or ``"off"``;
+            see ``docs/exactness.md``.
+        carry_gradients: Save the partial gradient of an accumulation window (each rank's ``.grad``) in
+            every checkpoint taken inside one, and restore it on load (default). ``False`` writes none.
+        *args, **kwargs: Everything ``accelerate.Accelerator`` accepts.
     """
+
+    def __init__(self, *args: Any, pipeline_rng: str = "auto", carry_gradients: bool = True, **kwargs: Any) -> None:
+        _rng.check_mode(pipeline_rng)
+        self.pipeline_rng = pipeline_rng
+        self.carry_gradients = carry_gradients
+        super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
     def prepare_data_loader(
@@ -76,7 +91,9 @@ class Accelerator(accelerate.Accelerator):
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
         else:
-            loader = ShardDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
+            loader = ShardDataLoader.from_dataloader(
+                data_loader, ctx, even_batches=self.even_batches, pipeline_rng=self.pipeline_rng, **common
+            )
         self._dataloaders.append(loader)
         return loader
 
@@ -115,6 +132,8 @@ class Accelerator(accelerate.Accelerator):
             super().save_state(str(output_dir), safe_serialization, **kwargs)
         for index, state in enumerate(states):
             _files.write_loader_state(output_dir, index, self.process_index, state)
+        if self.carry_gradients:
+            _accumulation.write_gradients(output_dir, self.process_index, self._unwrapped_models())
         self.wait_for_everyone()
         if self.is_main_process:
             _files.write_manifest(output_dir, world_size=self.num_processes, num_loaders=len(loaders))
@@ -138,10 +157,13 @@ class Accelerator(accelerate.Accelerator):
                 raise CheckpointError(f"no complete checkpoint under {self._checkpoint_root()}")
         input_dir = Path(input_dir)
         states = self._read_loader_states(input_dir)
+        grads = _accumulation.read_gradients(input_dir, _files.read_manifest(input_dir), self.process_index,
+                                             self.num_processes, self._unwrapped_models())
         with self._accelerate_view():
             super().load_state(str(input_dir), load_kwargs, **kwargs)
         for loader, state in zip(self.stateful_loaders, states):
             loader.load_state_dict(state)
+        _accumulation.restore_gradients(grads, self._unwrapped_models())
         if self.is_main_process:
             for index, (loader, state) in enumerate(zip(self.stateful_loaders, states)):
                 _log_resume(index, loader, state, input_dir)
@@ -177,6 +199,9 @@ class Accelerator(accelerate.Accelerator):
         return path
 
     # ----------------------------------------------------------------- internals
+    def _unwrapped_models(self) -> list:
+        return [self.unwrap_model(model) for model in self._models]
+
     def _checkpoint_root(self) -> Path:
         return Path(self.project_dir) / "checkpoints"
 

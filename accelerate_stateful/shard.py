@@ -12,6 +12,7 @@ from . import _state as S
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from ._order import EpochOrder, mix_seed, order_for
+from ._rng import PipelineRNG
 from ._position import ShardPlan
 from .errors import UnsupportedConfigError
 
@@ -41,19 +42,21 @@ class _PlanBatchSampler(Sampler[list[int]]):
         self._indices = torch.empty(0, dtype=torch.int64)
         self._plan: Optional[ShardPlan] = None
         self._start = 0
+        self._tag: Any = None
 
-    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int) -> None:
-        self._indices, self._plan, self._start = indices, plan, start
+    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int, tag: Any) -> None:
+        """``tag(step, indices)`` is what the base loader receives for batch ``step`` (see ``_rng``)."""
+        self._indices, self._plan, self._start, self._tag = indices, plan, start, tag
 
     def __iter__(self) -> Iterator[list[int]]:
-        indices, plan = self._indices, self._plan
+        indices, plan, tag = self._indices, self._plan, self._tag
         n = plan.num_samples
         for step in range(self._start, plan.num_batches):
             start, stop = plan.batch_span(step)
             if stop <= n:
-                yield indices[start:stop].tolist()
+                yield tag(step, indices[start:stop].tolist())
             else:
-                yield indices[torch.arange(start, stop) % n].tolist()
+                yield tag(step, indices[torch.arange(start, stop) % n].tolist())
 
     def __len__(self) -> int:
         return self._plan.num_batches - self._start if self._plan is not None else 0
@@ -90,6 +93,7 @@ class ShardDataLoader(DataLoaderAdapter):
         split_batches: bool = False,
         device: Optional[torch.device] = None,
         non_blocking: bool = False,
+        pipeline_rng: str = "auto",
         **loader_settings: Any,
     ) -> None:
         if split_batches and batch_size % ctx.world_size != 0:
@@ -109,6 +113,7 @@ class ShardDataLoader(DataLoaderAdapter):
         self._plan = self._plan_from(0)
         self._consumed = 0
         self._cached_order: tuple[tuple[int, int], torch.Tensor] = ((-1, -1), torch.empty(0))
+        self._pipeline = PipelineRNG(pipeline_rng, self.num_workers, dataset)
 
     @classmethod
     def from_dataloader(
@@ -121,6 +126,7 @@ class ShardDataLoader(DataLoaderAdapter):
         split_batches: bool = False,
         even_batches: bool = True,
         data_seed: Optional[int] = None,
+        pipeline_rng: str = "auto",
     ) -> "ShardDataLoader":
         """Build the shard loader that replaces a user's ``DataLoader`` in ``prepare``."""
         ctx = ctx if ctx is not None else DistContext.detect()
@@ -155,6 +161,7 @@ class ShardDataLoader(DataLoaderAdapter):
             split_batches=split_batches,
             device=device,
             non_blocking=non_blocking,
+            pipeline_rng=pipeline_rng,
             **settings,
         )
 
@@ -224,9 +231,12 @@ class ShardDataLoader(DataLoaderAdapter):
     def _open_pass(self) -> Iterator[tuple[int, Any]]:
         plan = self._plan
         step = plan.steps_for(self._consumed)
-        self._sampler.set_pass(self._epoch_indices(), plan, step)
+        # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
+        where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
+        pipeline = self._pipeline
+        self._sampler.set_pass(self._epoch_indices(), plan, step, lambda at, ids: pipeline.tag((*where, at), ids))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        for batch in self._base:
+        for batch in pipeline.fetch(iter(self._base), where, step):
             step += 1
             yield step, batch
 

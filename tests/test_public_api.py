@@ -19,6 +19,7 @@ INTENDED = [
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",
+    "SampleRNG",
     "ShardDataLoader",
     "ShardPlan",
     "ShardedSource",
@@ -29,6 +30,7 @@ INTENDED = [
     "TextLines",
     "UnsupportedConfigError",
     "latest_checkpoint",
+    "sample_rng",
 ]
 
 
