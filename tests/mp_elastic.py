@@ -2,7 +2,8 @@
 
 Run under ``accelerate launch`` by ``test_elastic_mp.py``:
 ``mp_elastic.py OUT_DIR LAUNCH NUM_WORKERS STOP_EPOCH STOP_BATCH`` (``STOP_EPOCH`` -1: run to the end).
-Each rank appends ``{"launch", "epoch", "ids"}`` per batch to ``OUT_DIR/launch<L>.rank<R>.jsonl``.
+Each rank appends ``{"launch", "epoch", "ids"}`` per batch to ``OUT_DIR/launch<L>.rank<R>.jsonl``; each
+sample is ``[id, augmentation drawn from sample_rng(id)]``, which must not depend on the topology.
 """
 
 from __future__ import annotations
@@ -13,15 +14,31 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
-from accelerate_stateful import Accelerator
+from accelerate_stateful import Accelerator, SampleRNG, sample_rng
 
 SAMPLES, BATCH_SIZE, EPOCHS, SEED = 53, 3, 4, 5
 
 
+def augmentation(rng: SampleRNG) -> int:
+    """An integer drawn from the sample's torch, numpy and random generators (exact to compare)."""
+    drawn = torch.randint(1 << 20, (), generator=rng.torch)
+    return int(drawn) + int(rng.numpy.integers(1 << 20)) + rng.random.randrange(1 << 20)
+
+
+class Augmented(Dataset):
+    """Sample ``i`` is ``[i, augmentation(sample_rng(i))]``."""
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, augmentation(sample_rng(index))])
+
+
 def make_loader(num_workers: int) -> DataLoader:
-    return DataLoader(list(range(SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers,
+    return DataLoader(Augmented(), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers,
                       generator=torch.Generator().manual_seed(SEED))
 
 

@@ -1,7 +1,9 @@
 """Elastic resume with real processes: one run continued on 2, 3, 2, 1 and 2 processes, workers 0 <-> 2.
 
 Each launch's batches, on every rank, must equal an in-process simulation of the same chain (whose
-properties `test_elastic.py` checks exhaustively), and every epoch must deliver every sample.
+properties `test_elastic.py` checks exhaustively), and every epoch must deliver every sample. Each sample
+carries the augmentation its dataset drew from ``sample_rng``, which must be the same pure function of
+(seed, epoch, sample) in every launch, whatever its world size, workers or resume point.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from accelerate_stateful import DistContext, ShardDataLoader
+from accelerate_stateful import DistContext, SampleRNG, ShardDataLoader
+from accelerate_stateful._rng import sample_seed
 
 from harness import through_files
 
@@ -80,8 +83,10 @@ def test_a_run_continued_on_2_3_2_1_2_processes_delivers_exactly_the_simulated_b
             lines = (tmp_path / f"launch{index}.rank{rank}.jsonl").read_text().splitlines()
             got = [(row["epoch"], row["ids"]) for row in map(json.loads, lines)]
             assert got == expected[index][rank], f"launch {index} (world {world}), rank {rank} differs"
-            for epoch, ids in got:
-                delivered_per_epoch.setdefault(epoch, []).extend(ids)
+            for epoch, samples in got:
+                for sample_id, drawn in samples:
+                    assert drawn == mp_elastic.augmentation(SampleRNG(sample_seed(mp_elastic.SEED, epoch, sample_id)))
+                delivered_per_epoch.setdefault(epoch, []).extend(sample_id for sample_id, _ in samples)
     for epoch, ids in delivered_per_epoch.items():
         assert set(ids) == set(range(mp_elastic.SAMPLES)), f"epoch {epoch} lost samples"
         assert len(ids) - mp_elastic.SAMPLES < 3 * 3 * 2, f"epoch {epoch} repeated more than the padding"
