@@ -119,9 +119,10 @@ class SampleRNG:
 
     @functools.cached_property
     def numpy(self) -> Any:
+        """A ``numpy.random.RandomState`` seeded as ``with`` seeds numpy's global RNG (same draws)."""
         if np is None:  # pragma: no cover
             raise UnsupportedConfigError("SampleRNG.numpy needs numpy; install it or use .torch / .random")
-        return np.random.default_rng(self.seed)
+        return np.random.RandomState(self.seed & 0xFFFFFFFF)
 
     @functools.cached_property
     def random(self) -> random.Random:

@@ -24,7 +24,7 @@ SAMPLES, BATCH_SIZE, EPOCHS, SEED = 53, 3, 4, 5
 def augmentation(rng: SampleRNG) -> int:
     """An integer drawn from the sample's torch, numpy and random generators (exact to compare)."""
     drawn = torch.randint(1 << 20, (), generator=rng.torch)
-    return int(drawn) + int(rng.numpy.integers(1 << 20)) + rng.random.randrange(1 << 20)
+    return int(drawn) + int(rng.numpy.randint(1 << 20)) + rng.random.randrange(1 << 20)
 
 
 class Augmented(Dataset):
