@@ -82,7 +82,7 @@ def read_gradients(
     params = _parameters(models)
     total: dict[str, torch.Tensor] = {}
     for r in ranks:
-        for key, grad in _load(gradient_file(checkpoint, r)).items():
+        for key, grad in sorted(_load(gradient_file(checkpoint, r)).items()):
             param = params.get(key)
             if param is None or param.shape != grad.shape:
                 raise CheckpointError(
