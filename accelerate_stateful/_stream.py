@@ -37,6 +37,8 @@ from typing import Any, Callable, Iterator, Optional
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._channels import Channels, Ring
+from ._order import mix_seed
+from ._rng import seed_globals
 from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
 from .errors import StatefulLoaderError
 
@@ -148,7 +150,7 @@ class StreamDataset(IterableDataset):
             return self._batches(self._local_start or WorkerStart(generation=0, logical=0), None)
         start = self._channels.instruction(info.id, self._floor)
         self._channels.serve(info.id, self._ring)
-        _play_worker(info, start.logical)
+        _play_worker(info, start.logical, start.epoch)
         return self._batches(start, info.id)
 
     def _batches(self, start: WorkerStart, physical: Optional[int]) -> Iterator[Any]:
@@ -208,14 +210,23 @@ def _physical_worker_info() -> Any:
     return _physical_info if _physical_info is not None else get_worker_info()
 
 
-def _play_worker(info: Any, logical: int) -> None:
-    """Make ``get_worker_info()`` in this worker report ``logical`` as its id (and that worker's seed)."""
+def _play_worker(info: Any, logical: int, epoch: int) -> None:
+    """Make this worker play ``logical`` in ``epoch``: ``get_worker_info()`` reports it, and its seed.
+
+    The seed (``get_worker_info().seed``, ``torch.initial_seed()``, and the ``torch``, ``random`` and
+    ``numpy`` global RNGs, re-seeded here at every pass) is a pure function of the loader's seed, the epoch
+    and the logical worker: after a resume the worker that continues logical worker ``L`` draws what ``L``
+    drew in the uninterrupted run (persistent workers too), so a per-worker shuffle seeded from it is
+    reproduced.
+    """
     from torch.utils.data._utils import worker as torch_worker
 
     global _physical_info
     _physical_info = info
 
-    fields = {"id": logical, "seed": info.seed - info.id + logical}
+    seed = mix_seed(info.seed - info.id, epoch, logical)  # info.seed - info.id: drawn from the loader's seed only
+    seed_globals(seed)
+    fields = {"id": logical, "seed": seed}
     if dataclasses.is_dataclass(info):
         torch_worker._worker_info = dataclasses.replace(info, **fields)
     else:

@@ -11,9 +11,10 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
-from accelerate_stateful import DistContext, LifecycleError, SampleRNG, ShardDataLoader, UnsupportedConfigError
+from accelerate_stateful import (DistContext, IterableShardDataLoader, LifecycleError, SampleRNG, ShardDataLoader,
+                                 UnsupportedConfigError)
 from accelerate_stateful import sample_rng
 from accelerate_stateful._rng import sample_seed
 from harness import through_files
@@ -201,3 +202,37 @@ def test_a_sampler_shuffling_with_numpy_or_random_resumes_exactly_and_leaves_the
         second.load_state_dict(saved)
         assert before + epochs(second, count=3) == uninterrupted
     assert uninterrupted[0] != uninterrupted[len(uninterrupted) // 3]  # epochs are shuffled differently
+
+
+class WorkerShuffled(IterableDataset):
+    """An opaque stream each worker shuffles with an RNG seeded from ``torch.initial_seed()`` (a common recipe),
+    adding a numpy draw to each item."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        ids = list(range(info.id, SAMPLES, info.num_workers))
+        random.Random(torch.initial_seed()).shuffle(ids)
+        return iter([torch.tensor([i, int(np.random.randint(1 << 20))]) for i in ids])
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent-workers"])
+@pytest.mark.parametrize("stop", [(0, 1), (0, 2), (1, 3)], ids=["after-worker0", "after-worker1", "next-epoch"])
+def test_a_per_worker_shuffle_seeded_from_torch_initial_seed_resumes_exactly(stop, persistent):
+    def make():
+        base = DataLoader(WorkerShuffled(), batch_size=BATCH, num_workers=2, persistent_workers=persistent)
+        return IterableShardDataLoader.from_dataloader(base, DistContext(0, 1), data_seed=SEED)
+
+    uninterrupted = epochs(make(), count=3)
+    assert uninterrupted[:len(uninterrupted) // 3] != uninterrupted[len(uninterrupted) // 3:2 * len(uninterrupted) // 3]
+    first, before = make(), []
+    for epoch in range(stop[0] + 1):
+        live = iter(first)  # kept alive while the state is taken, as in a training loop
+        for batch in live:
+            before.append([epoch, batch.tolist()])
+            if (epoch, first.batches_yielded) == stop:
+                break
+    state = through_files(first.state_dict())
+    del live
+    second = make()
+    second.load_state_dict(state)
+    assert before + epochs(second, count=3) == uninterrupted
