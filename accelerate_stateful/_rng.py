@@ -10,9 +10,11 @@ function of the loader's seed, the epoch and the batch's place in the epoch
 
 Modes (``Accelerator(pipeline_rng=...)``):
 
-- ``"auto"`` (default): per batch where batches are fetched in workers; where
-  they are fetched in the main process, nothing is added: the draws are part of
-  the process's own RNG stream, which ``save_state`` / ``load_state`` restore.
+- ``"auto"`` (default): per batch where batches are fetched in workers or read
+  ahead of the training loop (the dispatcher's reader), as ``"batch"``; where
+  the main process fetches each batch right before the loop takes it, nothing
+  is added: the draws are part of the process's own RNG stream, which
+  ``save_state`` / ``load_state`` restore.
 - ``"batch"``: per batch everywhere; in the main process the global RNGs are
   saved before the fetch and restored after it, so the training loop's own
   stream (dropout) never sees the pipeline's draws, and augmented values do
@@ -228,7 +230,6 @@ class PipelineRNG:
             )
         self.mode = mode
         self.in_workers = num_workers > 0
-        self._scoped = not self.in_workers and mode in ("batch", "sample")
 
     def tag(self, key: tuple[int, ...], indices: list) -> list:
         """The object the batch sampler yields for the batch ``key``: plain indices unless the fetch needs it."""
@@ -238,17 +239,23 @@ class PipelineRNG:
             return batch
         return _sample_seeded(key, indices) if self.mode == "sample" else indices
 
-    def fetch(self, batches: Iterator[Any], where: tuple[int, ...], step: int) -> Iterator[Any]:
-        """Yield from the base loader's iterator, each fetch in the main process inside its batch's scope."""
+    def fetch(self, batches: Iterator[Any], where: tuple[int, ...], step: int, read_ahead: bool) -> Iterator[Any]:
+        """Yield from the base loader's iterator, each fetch in the main process inside its batch's scope.
+
+        ``read_ahead``: the caller may fetch batches before the training loop takes them (a dispatcher's
+        reader), so the process's RNG stream at a save would not be where those fetches drew from.
+        """
         if self.in_workers:
             yield from batches
             return
         global _current
+        seeded = self.mode == "batch" or (self.mode == "auto" and read_ahead)
+        scoped = seeded or self.mode == "sample"
         while True:
             key = (*where, step)
-            with preserved_globals() if self._scoped else _NO_SCOPE:
+            with preserved_globals() if scoped else _NO_SCOPE:
                 _current = key
-                if self.mode == "batch":
+                if seeded:
                     seed_globals(batch_seed(key))
                 try:
                     batch = next(batches)

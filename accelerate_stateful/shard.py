@@ -223,12 +223,12 @@ class ShardDataLoader(DataLoaderAdapter):
 
     def _batches(self) -> Iterator[Any]:
         total = self._plan.num_batches
-        for step, batch in self._open_pass():
+        for step, batch in self._open_pass(read_ahead=False):
             self._commit(step)
             self.end_of_dataloader = step == total
             yield self._place(batch)
 
-    def _open_pass(self) -> Iterator[tuple[int, Any]]:
+    def _open_pass(self, read_ahead: bool = True) -> Iterator[tuple[int, Any]]:
         plan = self._plan
         step = plan.steps_for(self._consumed)
         # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
@@ -236,7 +236,7 @@ class ShardDataLoader(DataLoaderAdapter):
         pipeline = self._pipeline
         self._sampler.set_pass(self._epoch_indices(), plan, step, lambda at, ids: pipeline.tag((*where, at), ids))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        for batch in pipeline.fetch(iter(self._base), where, step):
+        for batch in pipeline.fetch(iter(self._base), where, step, read_ahead):
             step += 1
             yield step, batch
 

@@ -6,6 +6,7 @@ Datasets here draw from the ``torch``, ``random`` and ``numpy`` global RNGs (or 
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
-from accelerate_stateful import (DistContext, IterableShardDataLoader, LifecycleError, SampleRNG, ShardDataLoader,
+from accelerate_stateful import (DispatchDataLoader, DistContext, IterableShardDataLoader, LifecycleError, SampleRNG, ShardDataLoader,
                                  UnsupportedConfigError)
 from accelerate_stateful import sample_rng
 from accelerate_stateful._rng import sample_seed
@@ -236,3 +237,24 @@ def test_a_per_worker_shuffle_seeded_from_torch_initial_seed_resumes_exactly(sto
     second = make()
     second.load_state_dict(state)
     assert before + epochs(second, count=3) == uninterrupted
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["workers0", "workers2"])
+def test_the_dispatchers_reader_reads_ahead_so_its_fetches_are_seeded_per_batch(workers):
+    def make():
+        base = DataLoader(GlobalDraws(), batch_size=BATCH, shuffle=True, num_workers=workers,
+                          generator=torch.Generator().manual_seed(SEED))
+        return DispatchDataLoader.from_dataloader(base, DistContext(0, 1))
+
+    torch.manual_seed(0)
+    uninterrupted = epochs(make())
+    first, before = make(), []
+    live = iter(first)
+    for batch in itertools.islice(live, 3):
+        before.append([0, batch.tolist()])
+    state = through_files(first.state_dict())
+    torch.manual_seed(0)  # as Accelerate's load_state restores the process's RNG state saved with the checkpoint
+    del live
+    second = make()
+    second.load_state_dict(state)
+    assert before + epochs(second) == uninterrupted
