@@ -108,4 +108,6 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         return st_load(path.read_bytes())
     except Exception as exc:  # safetensors raises its own SafetensorError
-        raise CheckpointError(f"{path} is not a valid safetensors file ({exc}); resume from another checkpoint") from None
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file ({exc}); resume from another checkpoint"
+        ) from None

@@ -6,9 +6,10 @@
 ``numpy`` in ``__getitem__``, saving every 3 micro-steps, so every other
 checkpoint falls between the two micro-steps of a window. Per world size (1 and
 2 real processes on gloo) one uninterrupted launch runs beside the killed one;
-the killed one dies (SIGKILL, every rank) at two micro-steps drawn from a
-seeded RNG, the first of them after a checkpoint taken inside a window, and is
-restarted with the same command each time. Then every micro-step's loss (as
+the killed one dies (SIGKILL, every rank) at micro-steps drawn from a seeded
+RNG (two on one process, one on two: launches are slow), the first of them
+after a checkpoint taken inside a window, and is restarted with the same
+command each time. Then every micro-step's loss (as
 ``float.hex``), the sample ids, the final weights and the optimizer states
 (``torch.equal``) must be those of the uninterrupted run, and every re-trained
 micro-step must repeat exactly. ``BITWISE_SEED`` changes the kill plan
@@ -35,19 +36,22 @@ SCRIPT = ROOT / "tests" / "bitwise_train.py"
 SEED = int(os.environ.get("BITWISE_SEED", "0"))
 SAMPLES, BATCH, SAVE_EVERY, ACCUMULATION = 48, 4, 3, 2
 EPOCHS = {1: 2, 2: 3}
+KILLS = {1: 2, 2: 1}
 LAUNCH_TIMEOUT_S = 180
 
 demo = load_script("examples/demo.py", "examples_demo")
 
 
 def kill_plan(world: int, seed: int) -> list[int]:
-    """Two micro-steps to die at: the first right after (or a little after) a checkpoint inside a window."""
+    """Micro-steps to die at: the first right after (or a little after) a checkpoint inside a window."""
     total = EPOCHS[world] * -(-SAMPLES // (BATCH * world))
     rng = random.Random(f"{seed}-{world}")
     inside = [s for s in range(SAVE_EVERY, total // 2)
               if (s // SAVE_EVERY * SAVE_EVERY) % ACCUMULATION != 0]  # the newest checkpoint is mid-window
-    first = rng.choice(inside)
-    return [first, rng.randrange(first + 1, total)]
+    plan = [rng.choice(inside)]
+    while len(plan) < KILLS[world]:
+        plan.append(rng.randrange(plan[-1] + 1, total))
+    return plan
 
 
 def command(world: int, out: Path, plan: list[int]) -> list[str]:

@@ -14,9 +14,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
-from accelerate_stateful import (DispatchDataLoader, DistContext, IterableShardDataLoader, LifecycleError, SampleRNG, ShardDataLoader,
-                                 UnsupportedConfigError)
-from accelerate_stateful import sample_rng
+from accelerate_stateful import (
+    Accelerator,
+    DispatchDataLoader,
+    DistContext,
+    IterableShardDataLoader,
+    LifecycleError,
+    SampleRNG,
+    ShardDataLoader,
+    UnsupportedConfigError,
+    sample_rng,
+)
 from accelerate_stateful._rng import sample_seed
 from harness import through_files
 
@@ -87,7 +95,7 @@ def resumed(make, stop) -> list:
 # workers=0 with "auto" adds nothing: there the draws are the main process's own RNG stream, which
 # Accelerate's load_state restores (test_bitwise.py covers it end to end).
 @pytest.mark.parametrize("workers,mode", [(2, "auto"), (0, "batch"), (2, "batch"), (0, "sample"), (2, "sample")],
-                         ids=["workers2-auto", "workers0-batch", "workers2-batch", "workers0-sample", "workers2-sample"])
+                         ids=lambda v: str(v))
 @pytest.mark.parametrize("stop", [(0, 2), (0, 7), (1, 1)], ids=["early", "last-batch", "next-epoch"])
 def test_global_draws_in_getitem_are_reproduced_after_a_mid_epoch_resume(workers, mode, stop):
     uninterrupted = epochs(loader(GlobalDraws(), workers=workers, mode=mode))
@@ -150,6 +158,8 @@ def test_sample_rng_as_a_context_seeds_the_global_rngs_and_restores_them():
 
 
 def test_an_unknown_mode_and_per_sample_seeding_of_a_batched_dataset_are_refused():
+    with pytest.raises(UnsupportedConfigError, match=r"pipeline_rng='always' is not a mode; pass one of 'auto'"):
+        Accelerator(cpu=True, pipeline_rng="always")
     with pytest.raises(UnsupportedConfigError, match=r"pipeline_rng='always' is not a mode; pass one of 'auto'"):
         loader(GlobalDraws(), mode="always")
     with pytest.raises(UnsupportedConfigError, match=r"BatchedDraws fetches whole batches with __getitems__; use "
