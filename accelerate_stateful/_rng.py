@@ -231,13 +231,13 @@ class PipelineRNG:
         self.mode = mode
         self.in_workers = num_workers > 0
 
-    def tag(self, key: tuple[int, ...], indices: list) -> list:
-        """The object the batch sampler yields for the batch ``key``: plain indices unless the fetch needs it."""
+    def tag(self, where: tuple[int, ...], step: int, indices: list) -> list:
+        """What the batch sampler yields for batch ``step`` of the pass at ``where``: the indices, tagged if needed."""
         if self.in_workers:
             batch = _Tagged(indices)
-            batch.key, batch.mode = key, self.mode
+            batch.key, batch.mode = (*where, step), self.mode
             return batch
-        return _sample_seeded(key, indices) if self.mode == "sample" else indices
+        return _sample_seeded((*where, step), indices) if self.mode == "sample" else indices
 
     def fetch(self, batches: Iterator[Any], where: tuple[int, ...], step: int, read_ahead: bool) -> Iterator[Any]:
         """Yield from the base loader's iterator, each fetch in the main process inside its batch's scope.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Iterator, Mapping, Optional, Sized
 
@@ -234,7 +235,7 @@ class ShardDataLoader(DataLoaderAdapter):
         # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
         where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
         pipeline = self._pipeline
-        self._sampler.set_pass(self._epoch_indices(), plan, step, lambda at, ids: pipeline.tag((*where, at), ids))
+        self._sampler.set_pass(self._epoch_indices(), plan, step, functools.partial(pipeline.tag, where))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
         for batch in pipeline.fetch(iter(self._base), where, step, read_ahead):
             step += 1
