@@ -11,10 +11,9 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _accumulation, _files
+from . import _accumulation, _files, _rng
 from . import _state as S
 from ._adapter import DataLoaderAdapter
-from . import _rng
 from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
 from .dispatch import DispatchDataLoader
