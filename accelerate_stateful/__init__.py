@@ -5,6 +5,7 @@ from ._context import DistContext
 from ._files import latest_checkpoint
 from ._position import ShardPlan
 from ._preemption import PREEMPTED_EXIT_CODE
+from ._rng import SampleRNG, sample_rng
 from ._state import FORMAT_VERSION, LoaderState
 from .accelerator import Accelerator
 from .batchsampler import BatchSamplerDataLoader
@@ -46,6 +47,7 @@ __all__ = [
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",
+    "SampleRNG",
     "ShardDataLoader",
     "ShardPlan",
     "ShardedSource",
@@ -56,4 +58,5 @@ __all__ = [
     "TextLines",
     "UnsupportedConfigError",
     "latest_checkpoint",
+    "sample_rng",
 ]

@@ -153,6 +153,11 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def file_entry(path: Path) -> dict:
+    """A manifest entry (size, sha256) for a file this process has just written."""
+    return {"size": Path(path).stat().st_size, "sha256": _sha256(path)}
+
+
 def _sha256(path: Path) -> str:
     IO["open"] += 1
     digest = hashlib.sha256()

@@ -67,9 +67,11 @@ class SamplerOrder(EpochOrder):
     """A user's own sampler, drawn once per epoch under an RNG seeded from (seed, epoch).
 
     Drawing the indices costs no data loading. The sampler gets ``set_epoch``
-    when it has one; its own ``torch.Generator`` (if any) and the global RNG
-    are both seeded from (seed, epoch) while it is drawn, so a sampler that
-    draws its order from either is reproduced exactly.
+    when it has one; its own ``torch.Generator`` (if any) and the global
+    ``torch``, ``random`` and ``numpy`` RNGs are all seeded from (seed, epoch)
+    while it is drawn, and the global RNGs are restored afterwards, so a
+    sampler that draws its order from any of them is reproduced exactly and
+    the training loop's own RNG stream is untouched.
     """
 
     def __init__(self, sampler: Sampler) -> None:
@@ -83,8 +85,10 @@ class SamplerOrder(EpochOrder):
         generator = getattr(self.sampler, "generator", None)
         if isinstance(generator, torch.Generator):
             generator.manual_seed(mix_seed(seed, epoch))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(mix_seed(seed, epoch, 1))
+        from ._rng import preserved_globals, seed_globals  # _rng derives its seeds with mix_seed, from here
+
+        with preserved_globals():
+            seed_globals(mix_seed(seed, epoch, 1))
             drawn = torch.as_tensor(list(iter(self.sampler)), dtype=torch.int64)
         return drawn
 

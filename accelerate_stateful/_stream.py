@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterator, Optional
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._channels import Channels, Ring
+from ._order import mix_seed
+from ._rng import seed_globals
 from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
 from ._workerinit import LogicalWorkerInit, show_dataset
 from .errors import StatefulLoaderError
@@ -152,7 +154,7 @@ class StreamDataset(IterableDataset):
             return self._batches(self._local_start or WorkerStart(generation=0, logical=0), None)
         start = self._channels.instruction(info.id, self._floor)
         self._channels.serve(info.id, self._ring)
-        _play_worker(info, start.logical, self.shown)
+        _play_worker(info, start.logical, start.epoch, self.shown)
         if self.worker_init is not None:
             self.worker_init.play(start.logical, self.shown)
         return self._batches(start, info.id)
@@ -214,9 +216,18 @@ def _physical_worker_info() -> Any:
     return _physical_info if _physical_info is not None else get_worker_info()
 
 
-def _play_worker(info: Any, logical: int, dataset: Any) -> None:
-    """Make ``get_worker_info()`` in this worker report ``logical`` as its id (and that worker's seed), and the
-    user's ``dataset``."""
+def _play_worker(info: Any, logical: int, epoch: int, dataset: Any) -> None:
+    """Make this worker play ``logical`` in ``epoch``: ``get_worker_info()`` reports it, its seed and the
+    user's ``dataset``.
+
+    The seed (``get_worker_info().seed``, ``torch.initial_seed()``, and the ``torch``, ``random`` and
+    ``numpy`` global RNGs, re-seeded here at every pass) is a pure function of the loader's seed, the epoch
+    and the logical worker: after a resume the worker that continues logical worker ``L`` draws what ``L``
+    drew in the uninterrupted run (persistent workers too), so a per-worker shuffle seeded from it is
+    reproduced.
+    """
     global _physical_info
     _physical_info = info
-    show_dataset(dataset, id=logical, seed=info.seed - info.id + logical)
+    seed = mix_seed(info.seed - info.id, epoch, logical)  # info.seed - info.id: drawn from the loader's seed only
+    seed_globals(seed)
+    show_dataset(dataset, id=logical, seed=seed)

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _checkpoints, _files, _preemption, _resume, _teardown
+from . import _accumulation, _checkpoints, _files, _preemption, _resume, _rng, _teardown
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
@@ -43,7 +43,21 @@ class Accelerator(accelerate.Accelerator):
         ... )
         >>> model, optimizer, dl = accelerator.prepare(model, optimizer, dl)   # doctest: +SKIP
         >>> accelerator.resume()                                          # doctest: +SKIP
+
+    Args:
+        pipeline_rng: How randomness drawn in a map-style dataset's ``__getitem__`` is reproduced after a
+            resume: ``"auto"`` (default: seeded per batch in workers), ``"batch"``, ``"sample"`` or ``"off"``;
+            see ``docs/exactness.md``.
+        carry_gradients: Save the partial gradient of an accumulation window (each rank's ``.grad``) in
+            every checkpoint taken inside one, and restore it on load (default). ``False`` writes none.
+        *args, **kwargs: Everything ``accelerate.Accelerator`` accepts.
     """
+
+    def __init__(self, *args: Any, pipeline_rng: str = "auto", carry_gradients: bool = True, **kwargs: Any) -> None:
+        _rng.check_mode(pipeline_rng)
+        self.pipeline_rng = pipeline_rng
+        self.carry_gradients = carry_gradients
+        super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
     def prepare_data_loader(
@@ -77,7 +91,9 @@ class Accelerator(accelerate.Accelerator):
         elif uses_batch_sampler(data_loader):
             loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         else:
-            loader = ShardDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
+            loader = ShardDataLoader.from_dataloader(
+                data_loader, ctx, even_batches=self.even_batches, pipeline_rng=self.pipeline_rng, **common
+            )
         self._dataloaders.append(loader)
         return loader
 
@@ -123,6 +139,12 @@ class Accelerator(accelerate.Accelerator):
             rel: entry for index, content in enumerate(contents)
             for rel, entry in _files.write_encoded(output_dir, index, self.process_index, content).items()
         })
+        if self.carry_gradients:
+            grads = _checkpoints.agree(
+                ctx, lambda: _accumulation.write_gradients(output_dir, self.process_index, self._unwrapped_models())
+            )
+            if grads is not None:
+                entries[grads.relative_to(output_dir).as_posix()] = _files.file_entry(grads)
         _checkpoints.seal(ctx, output_dir, num_loaders=len(loaders), entries=entries, root=root,
                           keep=config.total_limit)
         if root is not None:
@@ -196,17 +218,24 @@ class Accelerator(accelerate.Accelerator):
         return _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
 
     # ----------------------------------------------------------------- internals
+    def _unwrapped_models(self) -> list:
+        return [self.unwrap_model(model) for model in self._models]
+
     def _checkpoint_root(self) -> Path:
         return Path(self.project_dir) / "checkpoints"
 
     def _load_verified(self, checkpoint: Path, manifest: dict, load_kwargs: Optional[dict] = None,
                        **kwargs: Any) -> None:
         """Load a checkpoint whose manifest every rank holds and whose folder was verified."""
-        states = _resume.read_states(DistContext.detect(), checkpoint, manifest, self.stateful_loaders)
+        ctx = DistContext.detect()
+        states = _resume.read_states(ctx, checkpoint, manifest, self.stateful_loaders)
+        grads = _checkpoints.agree(ctx, lambda: _accumulation.read_gradients(
+            checkpoint, manifest, self.process_index, self.num_processes, self._unwrapped_models()))
         with self._accelerate_view():
             super().load_state(str(checkpoint), load_kwargs, **kwargs)
         for loader, state in zip(self.stateful_loaders, states):
             loader.load_state_dict(state)
+        _accumulation.restore_gradients(grads, self._unwrapped_models())
         if self.is_main_process:
             for index, (loader, state) in enumerate(zip(self.stateful_loaders, states)):
                 _log_resume(index, loader, state, checkpoint)

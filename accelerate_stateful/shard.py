@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Iterator, Mapping, Optional, Sized
 
@@ -13,6 +14,7 @@ from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from ._order import EpochOrder, mix_seed, order_for
 from ._ordered import require_in_order
+from ._rng import PipelineRNG
 from ._position import ShardPlan
 from .errors import UnsupportedConfigError
 
@@ -42,19 +44,21 @@ class _PlanBatchSampler(Sampler[list[int]]):
         self._indices = torch.empty(0, dtype=torch.int64)
         self._plan: Optional[ShardPlan] = None
         self._start = 0
+        self._tag: Any = None
 
-    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int) -> None:
-        self._indices, self._plan, self._start = indices, plan, start
+    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int, tag: Any) -> None:
+        """``tag(step, indices)`` is what the base loader receives for batch ``step`` (see ``_rng``)."""
+        self._indices, self._plan, self._start, self._tag = indices, plan, start, tag
 
     def __iter__(self) -> Iterator[list[int]]:
-        indices, plan = self._indices, self._plan
+        indices, plan, tag = self._indices, self._plan, self._tag
         n = plan.num_samples
         for step in range(self._start, plan.num_batches):
             start, stop = plan.batch_span(step)
             if stop <= n:
-                yield indices[start:stop].tolist()
+                yield tag(step, indices[start:stop].tolist())
             else:
-                yield indices[torch.arange(start, stop) % n].tolist()
+                yield tag(step, indices[torch.arange(start, stop) % n].tolist())
 
     def __len__(self) -> int:
         return self._plan.num_batches - self._start if self._plan is not None else 0
@@ -91,6 +95,7 @@ class ShardDataLoader(DataLoaderAdapter):
         split_batches: bool = False,
         device: Optional[torch.device] = None,
         non_blocking: bool = False,
+        pipeline_rng: str = "auto",
         **loader_settings: Any,
     ) -> None:
         if split_batches and batch_size % ctx.world_size != 0:
@@ -111,6 +116,7 @@ class ShardDataLoader(DataLoaderAdapter):
         self._plan = self._plan_from(0)
         self._consumed = 0
         self._cached_order: tuple[tuple[int, int], torch.Tensor] = ((-1, -1), torch.empty(0))
+        self._pipeline = PipelineRNG(pipeline_rng, self.num_workers, dataset)
 
     @classmethod
     def from_dataloader(
@@ -123,6 +129,7 @@ class ShardDataLoader(DataLoaderAdapter):
         split_batches: bool = False,
         even_batches: bool = True,
         data_seed: Optional[int] = None,
+        pipeline_rng: str = "auto",
     ) -> "ShardDataLoader":
         """Build the shard loader that replaces a user's ``DataLoader`` in ``prepare``."""
         ctx = ctx if ctx is not None else DistContext.detect()
@@ -157,6 +164,7 @@ class ShardDataLoader(DataLoaderAdapter):
             split_batches=split_batches,
             device=device,
             non_blocking=non_blocking,
+            pipeline_rng=pipeline_rng,
             **settings,
         )
 
@@ -218,17 +226,20 @@ class ShardDataLoader(DataLoaderAdapter):
 
     def _batches(self) -> Iterator[Any]:
         total = self._plan.num_batches
-        for step, batch in self._open_pass():
+        for step, batch in self._open_pass(read_ahead=False):
             self._commit(step)
             self.end_of_dataloader = step == total
             yield self._place(batch)
 
-    def _open_pass(self) -> Iterator[tuple[int, Any]]:
+    def _open_pass(self, read_ahead: bool = True) -> Iterator[tuple[int, Any]]:
         plan = self._plan
         step = plan.steps_for(self._consumed)
-        self._sampler.set_pass(self._epoch_indices(), plan, step)
+        # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
+        where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
+        pipeline = self._pipeline
+        self._sampler.set_pass(self._epoch_indices(), plan, step, functools.partial(pipeline.tag, where))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        for batch in self._base:
+        for batch in pipeline.fetch(iter(self._base), where, step, read_ahead):
             step += 1
             yield step, batch
 

@@ -21,6 +21,7 @@ INTENDED = [
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",
+    "SampleRNG",
     "ShardDataLoader",
     "ShardPlan",
     "ShardedSource",
@@ -31,6 +32,7 @@ INTENDED = [
     "TextLines",
     "UnsupportedConfigError",
     "latest_checkpoint",
+    "sample_rng",
 ]
 
 
