@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, TypedDict
 
-from .errors import Mismatch, StateMismatchError, UnsupportedConfigError
+from .errors import Mismatch, UnsupportedConfigError
 
 FORMAT_VERSION = 1
 
@@ -141,13 +141,3 @@ def resolve_seed(saved: Mapping[str, Any], seed: int, seed_source: str) -> tuple
     if seed_source == "drawn":
         return None, saved_seed, saved[SEED_SOURCE]
     return Mismatch(SEED, saved_seed, seed), seed, seed_source
-
-
-def raise_mismatches(mismatches: list[Mismatch], source: str = "") -> None:
-    if mismatches:
-        names = ", ".join(m.field for m in mismatches)
-        raise StateMismatchError(
-            mismatches,
-            fix=f"pass the same {names} as the run that wrote the checkpoint, or start a fresh run",
-            source=source,
-        )

@@ -11,8 +11,9 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _files
+from . import _files, _refusals, _training
 from . import _state as S
+from ._agreement import agree_after_elastic_load
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .errors import CheckpointError, UnsupportedConfigError
@@ -88,6 +89,11 @@ class Accelerator(accelerate.Accelerator):
             return SkipDataLoader(dataloader, num_batches)
         return super().skip_first_batches(dataloader, num_batches)
 
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        """Accelerate's ``backward``; also marks that the model was trained while the live passes ran."""
+        _training.note_trained()
+        return super().backward(loss, **kwargs)
+
     # ----------------------------------------------------------------- checkpoints
     @property
     def stateful_loaders(self) -> list[DataLoaderAdapter]:
@@ -140,6 +146,9 @@ class Accelerator(accelerate.Accelerator):
         states = self._read_loader_states(input_dir)
         with self._accelerate_view():
             super().load_state(str(input_dir), load_kwargs, **kwargs)
+        saved_world = _files.read_manifest(input_dir)["world_size"]
+        if saved_world != self.num_processes:
+            agree_after_elastic_load(self, saved_world, input_dir)
         for loader, state in zip(self.stateful_loaders, states):
             loader.load_state_dict(state)
         if self.is_main_process:
@@ -232,8 +241,16 @@ class Accelerator(accelerate.Accelerator):
                 for r, other in enumerate(every):
                     S.check_shape(other, str(_files.state_file(checkpoint, index, r)))
                 state = loader.merge_rank_states(every)
-            loader.validate_state(state, source=source)
             states.append(state)
+        refusal = _refusals.order_refusal(
+            states, lambda i, j: _refusals.fits(loaders[j], states[i]), lambda j: _refusals.describe(loaders[j]),
+            checkpoint,
+        )
+        if refusal is not None:
+            raise refusal
+        for index, (loader, state) in enumerate(zip(loaders, states)):
+            rank = self.process_index if saved_world == self.num_processes else 0
+            loader.validate_state(state, source=str(_files.state_file(checkpoint, index, rank)))
         return states
 
     @contextlib.contextmanager
