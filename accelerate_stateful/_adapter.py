@@ -263,12 +263,12 @@ class DataLoaderAdapter(Stateful):
         self._phase = Phase.EXHAUSTED
 
     def _abandon(self) -> None:
-        """A pass dropped before its end: it ended or truncated its epoch, or it is undone (``_passes``)."""
+        """A pass dropped before its end: it truncated its epoch if the model was trained, else it is undone."""
         origin, self._origin = self._origin, None
         if origin is None:  # a loader state from before this rule: restart the epoch, as it used to
             self._start_epoch(self._epoch)
             return
-        if self.end_of_dataloader or origin.truncated_by_training(self._batches_taken()):
+        if origin.truncated_by_training(self._batches_taken()):
             self._end_epoch()
             return
         if origin.mark is None:

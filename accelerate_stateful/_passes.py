@@ -2,8 +2,7 @@
 
 The rule, chosen so that a resumed run always does what the uninterrupted run does:
 
-- a pass that handed out its epoch's last batch ended its epoch, whether or not the loop asked for more;
-- a pass dropped earlier, while the model was trained (``accelerator.backward()`` or an optimizer step
+- a pass dropped while the model was trained (``accelerator.backward()`` or an optimizer step
   ran while it was live), truncated its epoch: the next pass is the next epoch, as with ``set_epoch``;
 - any other dropped pass (a warm-up ``next(iter(dl))``, a shape check, an evaluation stopped after a
   few batches, ``iter()`` called twice) is undone: the loader is back where that pass began, and
@@ -53,6 +52,6 @@ def empty_tail_note(origin: PassOrigin, num_batches: int) -> str:
     return (
         f"this loader was restored after the last of the {num_batches} batches of epoch {origin.epoch}, so this "
         f"pass yields nothing: code after your inner loop runs once for epoch {origin.epoch}, as in the "
-        f"uninterrupted run; the next iter() reads epoch {origin.epoch + 1}. For a warm-up batch after resuming, "
-        "use next(iter(dl), None)"
+        f"uninterrupted run; the next iter() reads epoch {origin.epoch + 1}. Take a warm-up batch before "
+        "resume()/load_state() (a peek there is undone), not after"
     )
