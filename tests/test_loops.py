@@ -3,12 +3,14 @@ Accelerate's classic ``skip_first_batches`` recipe, on simulated ranks of 1, 2 a
 
 Each loop is written as a user writes it (``script(loaders, log, checkpoint)``). The uninterrupted run
 records its log and every rank's loader states at each ``checkpoint()``; a run started afresh from each
-of those states (through files), and a second resume from a checkpoint that resumed run wrote, must
+of those states (as plain data), and a second resume from a checkpoint that resumed run wrote, must
 continue the log exactly. "Training" is a real optimizer step (any ``optimizer.step()`` counts, see
 ``accelerate_stateful._training``).
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -16,7 +18,11 @@ from torch.utils.data import DataLoader
 
 from accelerate_stateful import DistContext, Phase, ShardDataLoader, SkipDataLoader
 
-from harness import through_files
+
+
+def through_files(state: dict) -> dict:
+    """The state as plain data, as a checkpoint holds it (files round trips are tested in test_files.py)."""
+    return json.loads(json.dumps(state))
 
 EPOCHS = 3
 # Lengths never a multiple of the global batch; shuffled and not; drop_last; uneven ranks; split batches.
@@ -60,7 +66,7 @@ class Recorder:
                                                                                for l in loaders])))
 
 
-def check_every_resume(script, build, world: int, skip=lambda rank, states: False, chains: int = 3) -> int:
+def check_every_resume(script, build, world: int, skip=lambda rank, states: False, chains: int = 2) -> int:
     """Resume ``script`` at every checkpoint of its uninterrupted run (and chains of two), on every rank."""
     compared = 0
     for rank in range(world):
