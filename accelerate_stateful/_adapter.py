@@ -223,7 +223,7 @@ class DataLoaderAdapter(Stateful):
                 if isinstance(state, Mapping) and isinstance(states[0], Mapping) and state.get(key) != states[0].get(key):
                     raise CheckpointError(
                         f"cannot resume on another number of processes: the processes were at different points of "
-                        f"the data when it was saved (rank 0: {_where(states[0])}; rank {rank}: {_where(state)}), "
+                        f"the data when it was saved (rank 0: {_refusals.where(states[0])}; rank {rank}: {_refusals.where(state)}), "
                         "so no single position can be re-dealt to the new processes; resume it on the same number "
                         "of processes, or from a checkpoint saved while the processes were in step"
                     )
@@ -231,7 +231,7 @@ class DataLoaderAdapter(Stateful):
 
     # ----------------------------------------------------------------- lifecycle internals
     def _run(self) -> Generator[Any, None, Optional[str]]:
-        origin = self._origin = self._pass_origin()
+        origin = self._origin = PassOrigin.of(self)
         self._phase = Phase.ITERATING
         self._begin()
         finished = False
@@ -243,18 +243,6 @@ class DataLoaderAdapter(Stateful):
             self._end_epoch() if finished else self._abandon()
         # A ``for`` loop ignores this; a bare ``next(iter(dl))`` shows it with its StopIteration.
         return empty_tail_note(origin, len(self)) if origin.at_end else None
-
-    def _pass_origin(self) -> PassOrigin:
-        at_start = self._phase in (Phase.NOT_STARTED, Phase.EXHAUSTED)
-        restored = self._phase is Phase.RESTORED
-        return PassOrigin(
-            epoch=self._epoch,
-            phase=self._phase,
-            mark=None if at_start else self.state_dict(),
-            taken=self._batches_taken(),
-            trained=_training.trained_count(),
-            at_end=restored and self._at_epoch_end(),
-        )
 
     def _end_epoch(self) -> None:
         self._origin = None
@@ -376,10 +364,3 @@ class DataLoaderAdapter(Stateful):
             raise ValueError(
                 f"cannot skip {num_batches} batches: epoch {self._epoch} has {len(self)} batches on this rank"
             )
-
-
-def _where(state: Mapping[str, Any]) -> str:
-    """A saved position in words, for a message."""
-    taken = state.get(S.SAMPLES_CONSUMED)
-    samples = f", {taken} samples taken by all processes" if taken is not None else ""
-    return f"epoch {state.get(S.EPOCH)}{samples}"

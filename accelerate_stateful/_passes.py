@@ -42,6 +42,19 @@ class PassOrigin:
     trained: int
     at_end: bool
 
+    @classmethod
+    def of(cls, loader: Any) -> "PassOrigin":
+        """Where a pass over ``loader`` (a ``DataLoaderAdapter``) begins, read before it takes anything."""
+        phase = loader.phase.value
+        return cls(
+            epoch=loader.epoch,
+            phase=loader.phase,
+            mark=None if phase in ("not started", "exhausted") else loader.state_dict(),
+            taken=loader._batches_taken(),
+            trained=_training.trained_count(),
+            at_end=phase == "restored" and loader._at_epoch_end(),
+        )
+
     def truncated_by_training(self, taken_now: int) -> bool:
         """Whether the pass took batches and the model was trained while it was live."""
         return taken_now != self.taken and _training.trained_count() != self.trained

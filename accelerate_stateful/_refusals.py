@@ -130,3 +130,10 @@ def describe(loader: Any) -> str:
     if "order" in config:
         parts.append(f"and a {config['order']} order")
     return " ".join(parts)
+
+
+def where(state: Mapping[str, Any]) -> str:
+    """A saved position in words, for a message."""
+    taken = state.get(S.SAMPLES_CONSUMED)
+    samples = f", {taken} samples taken by all processes" if taken is not None else ""
+    return f"epoch {state.get(S.EPOCH)}{samples}"
