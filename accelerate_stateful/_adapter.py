@@ -13,8 +13,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import DataLoader
 
 from . import _state as S
+from . import _refusals, _training
 from ._context import DistContext
-from .errors import CheckpointError, LifecycleError, Mismatch
+from ._passes import PassOrigin, empty_tail_note
+from .errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
 
 
 class Phase(enum.Enum):
@@ -40,13 +42,15 @@ class DataLoaderAdapter(Stateful):
     state         ``iter()``              ``state_dict()``             ``load_state_dict()``
     ============  ======================  ===========================  ====================
     not started   start epoch ``epoch``   start of epoch ``epoch``     allowed → restored
-    iterating     restart the epoch       after the last batch taken   error while live
+    iterating     close it, see below     after the last batch taken   error while live
     exhausted     start epoch ``epoch``   start of epoch ``epoch``     allowed → restored
     restored      continue from there     the restored position        allowed (replaces)
     ============  ======================  ===========================  ====================
 
     On exhaustion ``epoch`` moves to the next epoch at once, so ``set_epoch``
-    with the loader's own epoch never disturbs a position.
+    with the loader's own epoch never disturbs a position. A pass dropped
+    before its end is undone, or ends its epoch if the model was trained
+    while it was live (``_passes``).
     """
 
     mode: ClassVar[str] = "abstract"
@@ -70,6 +74,8 @@ class DataLoaderAdapter(Stateful):
         self._epoch = 0
         self._phase = Phase.NOT_STARTED
         self._live: Optional[weakref.ref] = None
+        self._origin: Optional[PassOrigin] = None
+        _training.install()
         self.end_of_dataloader = False
         self.remainder = -1
         # Called when the loop asks for the batch after one it took (see ``_preemption``); None: no call.
@@ -130,9 +136,9 @@ class DataLoaderAdapter(Stateful):
     def __iter__(self) -> Iterator[Any]:
         live = self._live_iterator()
         if live is not None:
-            live.close()
-        if self._phase is Phase.ITERATING:
-            self._rewind()
+            live.close()  # runs the end of that pass (``_run``'s ``finally``)
+        if self._phase is Phase.ITERATING:  # a copy made while a pass was live: that pass is gone
+            self._abandon()
         run = self._run()
         self._live = weakref.ref(run)
         return run
@@ -150,10 +156,16 @@ class DataLoaderAdapter(Stateful):
         self._phase = Phase.NOT_STARTED
 
     def seek(self, num_batches: int) -> None:
-        """Position the loader ``num_batches`` into its current epoch, reading nothing."""
+        """Position the loader ``num_batches`` into the epoch its next batch belongs to, reading nothing.
+
+        That is the current epoch, unless the loader was restored after the epoch's last batch: then it is
+        the next one (Accelerate's recipe, ``skip_first_batches(dl, step % len(dl))``, at an epoch boundary).
+        """
         self._refuse_if_live("seek()")
         if num_batches < 0:
             raise ValueError(f"cannot skip {num_batches} batches: the count must be >= 0")
+        if self._phase is Phase.RESTORED and self._at_epoch_end():
+            self._start_epoch(self._epoch + 1)
         self._seek(num_batches)
         self._phase = Phase.RESTORED
 
@@ -192,7 +204,11 @@ class DataLoaderAdapter(Stateful):
         seed_mismatch, _, _ = S.resolve_seed(state_dict, self._seed, self._seed_source)
         if seed_mismatch is not None:
             mismatches.append(seed_mismatch)
-        S.raise_mismatches(mismatches, source)
+        sampler_change = _refusals.world_dependent_sampler(state_dict, self._config(), self.ctx.world_size)
+        if sampler_change is not None:
+            where = f" ({source})" if source else ""
+            raise UnsupportedConfigError(f"cannot resume{where}: {sampler_change}")
+        _refusals.raise_mismatches(mismatches, source)
         self._check_position(state_dict, source)
 
     def needs_all_ranks(self, state_dict: Mapping[str, Any]) -> bool:
@@ -208,28 +224,61 @@ class DataLoaderAdapter(Stateful):
             for key in (S.EPOCH, S.SAMPLES_CONSUMED, S.STRIPE_ORIGIN):
                 if isinstance(state, Mapping) and isinstance(states[0], Mapping) and state.get(key) != states[0].get(key):
                     raise CheckpointError(
-                        f"cannot resume on another number of processes: rank {rank} saved {key}={state.get(key)!r} "
-                        f"but rank 0 saved {states[0].get(key)!r} (the ranks were not in step when it was saved); "
-                        "resume it on the same number of processes"
+                        f"cannot resume on another number of processes: the processes were at different points of "
+                        f"the data when it was saved (rank 0: {_refusals.where(states[0])}; rank {rank}: {_refusals.where(state)}), "
+                        "so no single position can be re-dealt to the new processes; resume it on the same number "
+                        "of processes, or from a checkpoint saved while the processes were in step"
                     )
         return states[0]
 
     # ----------------------------------------------------------------- lifecycle internals
-    def _run(self) -> Generator[Any, None, None]:
+    def _run(self) -> Generator[Any, None, Optional[str]]:
+        origin = self._origin = PassOrigin.of(self)
         self._phase = Phase.ITERATING
         self._begin()
         batches = self._batches()
+        finished = False
         try:
             for batch in batches:
                 yield batch
                 if self.on_batch_returned is not None:
                     self.on_batch_returned()
-            self._epoch += 1
-            self._rewind()
-            self._phase = Phase.EXHAUSTED
+            finished = True
         finally:
             batches.close()
             self._end()
+            self._end_epoch() if finished else self._abandon()
+        # A ``for`` loop ignores this; a bare ``next(iter(dl))`` shows it with its StopIteration.
+        return empty_tail_note(origin, len(self)) if origin.at_end else None
+
+    def _end_epoch(self) -> None:
+        self._origin = None
+        self._epoch += 1
+        self._rewind()
+        self._phase = Phase.EXHAUSTED
+
+    def _abandon(self) -> None:
+        """A pass dropped before its end: it truncated its epoch if the model was trained, else it is undone."""
+        origin, self._origin = self._origin, None
+        if origin is None:  # a loader state from before this rule: restart the epoch, as it used to
+            self._start_epoch(self._epoch)
+            return
+        if origin.truncated_by_training(self._batches_taken()):
+            self._end_epoch()
+            return
+        if origin.mark is None:
+            self._rewind()
+        else:
+            self._restore(origin.mark)
+        self._epoch, self._phase = origin.epoch, origin.phase
+
+    def _at_epoch_end(self) -> bool:
+        """Whether every batch of the current epoch has been taken (a position restored at the epoch's end)."""
+        try:
+            total = len(self)
+        except TypeError:  # a stream without a length
+            return False
+        return total > 0 and self._batches_taken() >= total
 
     def _live_iterator(self) -> Optional[Generator]:
         run = self._live() if self._live is not None else None

@@ -21,7 +21,7 @@ import socket
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import _files
+from . import _files, _refusals
 from . import _state as S
 from ._checkpoints import agree
 from ._context import DistContext
@@ -98,6 +98,12 @@ def read_states(ctx: DistContext, checkpoint: Path, manifest: dict, loaders: Seq
     states = [shared[i] if i in shared else state for i, state in enumerate(states)]
 
     def validate() -> list[Any]:
+        refusal = _refusals.order_refusal(
+            states, lambda i, j: _refusals.fits(loaders[j], states[i]), lambda j: _refusals.describe(loaders[j]),
+            checkpoint,
+        )
+        if refusal is not None:
+            raise refusal
         for index, (loader, state) in enumerate(zip(loaders, states)):
             loader.validate_state(state, source=str(_files.state_file(checkpoint, index, ctx.rank)))
         return states

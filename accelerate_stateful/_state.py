@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, TypedDict
 
 from ._versions import refuse_unknown_version
-from .errors import Mismatch, StateMismatchError, UnsupportedConfigError
+from .errors import Mismatch, UnsupportedConfigError
 
 FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = (1,)
@@ -144,13 +144,3 @@ def resolve_seed(saved: Mapping[str, Any], seed: int, seed_source: str) -> tuple
     if seed_source == "drawn":
         return None, saved_seed, saved[SEED_SOURCE]
     return Mismatch(SEED, saved_seed, seed), seed, seed_source
-
-
-def raise_mismatches(mismatches: list[Mismatch], source: str = "") -> None:
-    if mismatches:
-        names = ", ".join(m.field for m in mismatches)
-        raise StateMismatchError(
-            mismatches,
-            fix=f"pass the same {names} as the run that wrote the checkpoint, or start a fresh run",
-            source=source,
-        )

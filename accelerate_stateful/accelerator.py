@@ -10,7 +10,8 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _accumulation, _checkpoints, _files, _preemption, _resume, _rng, _teardown
+from . import _accumulation, _checkpoints, _files, _preemption, _resume, _rng, _teardown, _training
+from ._agreement import agree_after_elastic_load
 from ._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
@@ -104,6 +105,11 @@ class Accelerator(accelerate.Accelerator):
         if isinstance(dataloader, DataLoaderAdapter):
             return SkipDataLoader(dataloader, num_batches)
         return super().skip_first_batches(dataloader, num_batches)
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        """Accelerate's ``backward``; also marks that the model was trained while the live passes ran."""
+        _training.note_trained()
+        return super().backward(loss, **kwargs)
 
     # ----------------------------------------------------------------- checkpoints
     @property
@@ -233,6 +239,8 @@ class Accelerator(accelerate.Accelerator):
             checkpoint, manifest, self.process_index, self.num_processes, self._unwrapped_models()))
         with self._accelerate_view():
             super().load_state(str(checkpoint), load_kwargs, **kwargs)
+        if manifest["world_size"] != self.num_processes:
+            agree_after_elastic_load(self, manifest["world_size"], checkpoint)
         for loader, state in zip(self.stateful_loaders, states):
             loader.load_state_dict(state)
         _accumulation.restore_gradients(grads, self._unwrapped_models())

@@ -14,7 +14,7 @@ training script can catch the whole family in one place::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 class StatefulLoaderError(Exception):
@@ -70,12 +70,14 @@ class StateMismatchError(StatefulLoaderError, ValueError):
         current: Mapping of field name to the current value.
     """
 
-    def __init__(self, mismatches: Sequence[Mismatch], fix: str, source: str = "") -> None:
+    def __init__(
+        self, mismatches: Sequence[Mismatch], fix: str, source: str = "", label: Callable[[str], str] = str
+    ) -> None:
         self.mismatches = tuple(mismatches)
         self.saved = {m.field: m.saved for m in self.mismatches}
         self.current = {m.field: m.current for m in self.mismatches}
         lines = "\n".join(
-            f"  - {m.field}: saved {m.saved!r}, current {m.current!r}" for m in self.mismatches
+            f"  - {label(m.field)}: saved {m.saved!r}, current {m.current!r}" for m in self.mismatches
         )
         where = f" ({source})" if source else ""
         super().__init__(f"cannot resume{where}: the saved loader state does not fit this loader:\n{lines}\n{fix}")

@@ -44,6 +44,10 @@ def batch_ids(batch: Any) -> tuple:
     return tuple(torch.as_tensor(batch).tolist())
 
 
+# The pass a stop inside the loop leaves live (the newest only: an older one may end, its run is over).
+_KILLED: list = []
+
+
 def run_loop(
     loader: Any, epochs: int, stop: Optional[SavePoint] = None, taken: int = 0
 ) -> tuple[list[Step], Optional[dict]]:
@@ -55,9 +59,11 @@ def run_loop(
     if stop == (taken, "in_loop") or stop == (taken, "before"):
         return steps, loader.state_dict()
     for epoch in range(loader.epoch, epochs):
-        for batch in loader:
+        passing = iter(loader)
+        for batch in passing:
             steps.append(Step(epoch, batch_ids(batch), bool(loader.end_of_dataloader)))
             if stop == (taken + len(steps), "in_loop"):
+                _KILLED[:] = [passing]  # the process is killed right after this save: the pass never ends
                 return steps, loader.state_dict()
         if stop == (taken + len(steps), "after_loop"):
             return steps, loader.state_dict()

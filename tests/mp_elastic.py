@@ -1,27 +1,34 @@
 """One launch of the elastic chain: resume the newest checkpoint on this world size, run to a stop, save.
 
+Each batch trains a DDP model with gradient accumulation over 2 steps, and the first stop falls inside an
+accumulation window, so a rank that disagrees with the others on ``accelerator.step`` after an elastic
+resume deadlocks the launch (the collective timeout ends it in a minute).
+
 Run under ``accelerate launch`` by ``test_elastic_mp.py``:
 ``mp_elastic.py OUT_DIR LAUNCH NUM_WORKERS STOP_EPOCH STOP_BATCH`` (``STOP_EPOCH`` -1: run to the end).
 Every source of ``SOURCES`` runs in turn, each with its own ``Accelerator`` and project folder
 ``OUT_DIR/<source>``; a run stops after its ``STOP_BATCH``-th batch of epoch ``STOP_EPOCH`` in this launch.
-Each rank appends ``{"launch", "epoch", "ids"}`` per batch to ``OUT_DIR/launch<L>.<source>.rank<R>.jsonl``.
+Each rank appends ``{"launch", "epoch", "ids"}`` per batch to ``OUT_DIR/launch<L>.<source>.rank<R>.jsonl``, and
+writes ``OUT_DIR/launch<L>.<source>.rank<R>.meta.json`` right after resuming: ``accelerator.step``, one draw
+of ``torch.rand`` and, on rank 0, its restored torch RNG state.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import sys
 from pathlib import Path
 
 import torch
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
 from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_info
 
 from accelerate_stateful import Accelerator
 from streams import CountingStream
 
-SAMPLES, BATCH_SIZE, EPOCHS, SEED = 53, 3, 4, 5
+SAMPLES, BATCH_SIZE, EPOCHS, SEED, ACCUMULATION = 53, 3, 4, 5, 2
 # map: map-style data, each rank its shard; batch-sampler: a user's shuffled batch_sampler of varying batch
 # sizes, without workers (test_multiprocess runs it with two); stream: a stateful stream every rank reads whole
 # (dispatch_batches=False), read by one worker whenever the chain has workers (the worker count of such a
@@ -80,19 +87,32 @@ def make_loader(num_workers: int, source: str = "map") -> DataLoader:
 def run(out: str, launch: int, workers: int, stop_epoch: int, stop_batch: int, source: str) -> None:
     accelerator = Accelerator(
         cpu=True,
+        gradient_accumulation_steps=ACCUMULATION,
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=60))],
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True,
                                                   dispatch_batches=False if source == "stream" else None),
         project_config=ProjectConfiguration(project_dir=str(Path(out) / source), automatic_checkpoint_naming=True,
                                             total_limit=2),
     )
-    dl = accelerator.prepare(make_loader(workers, source))
+    torch.manual_seed(100 + accelerator.process_index)  # what the RNGs hold before a checkpoint is loaded
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, dl = accelerator.prepare(model, optimizer, make_loader(workers, source))
     accelerator.resume()
-    log = Path(out) / f"launch{launch}.{source}.rank{accelerator.process_index}.jsonl"
+    rank = accelerator.process_index
+    meta = {"step": accelerator.step, "rng_state": torch.get_rng_state().tolist() if rank == 0 else None}
+    meta["rand"] = torch.rand(1).item()
+    (Path(out) / f"launch{launch}.{source}.rank{rank}.meta.json").write_text(json.dumps(meta))
+    log = Path(out) / f"launch{launch}.{source}.rank{rank}.jsonl"
     with open(log, "w") as f:
         for epoch in range(dl.epoch, EPOCHS):
             taken = 0
             for batch in dl:
                 taken += 1
+                with accelerator.accumulate(model):
+                    accelerator.backward(model(batch.float().unsqueeze(1)).pow(2).mean())
+                    optimizer.step()
+                    optimizer.zero_grad()
                 f.write(json.dumps({"launch": launch, "epoch": epoch, "ids": batch.tolist()}) + "\n")
                 if (epoch, taken) == (stop_epoch, stop_batch):
                     f.flush()

@@ -62,6 +62,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 
 import accelerate_stateful
 from accelerate_stateful import DispatchDataLoader, _files
+from mp_loops import LOOP_IDS, run_loop_case
 from streams import CountingStream, OpaqueStream, OpenOnce, decode
 
 EPOCHS = 3
@@ -797,6 +798,15 @@ def is_desync(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or any(sign in text for sign in signs)
 
 
+# The launches that also run the everyday loops of ``mp_loops.py`` (2 and 3 processes).
+LOOP_SETS = ("world2", "world3")
+
+
+def expected_ids(set_name: str) -> list[str]:
+    """The ids of what a launch of ``set_name`` runs, in order."""
+    return [s["id"] for s in ALL_SETS[set_name]] + (LOOP_IDS if set_name in LOOP_SETS else [])
+
+
 def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
     state = PartialState(cpu=True, timeout=COLLECTIVE_TIMEOUT)
     torch.set_num_threads(1)
@@ -805,11 +815,16 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
         print(f"{set_name}: {len(scenarios)} scenarios on {state.num_processes} processes "
               f"({state.distributed_type})", flush=True)
     results = []
+    if only is None and set_name in LOOP_SETS:
+        scenarios += [{"id": case} for case in LOOP_IDS]
     for cfg in scenarios:
         started = time.perf_counter()
         found = Findings()
         try:
-            run_scenario(cfg, out_dir / "checkpoints" / cfg["id"], found)
+            if cfg["id"] in LOOP_IDS:
+                found.compared = run_loop_case(cfg["id"], out_dir / "checkpoints" / cfg["id"], found.add)
+            else:
+                run_scenario(cfg, out_dir / "checkpoints" / cfg["id"], found)
         except Exception as exc:  # one scenario's failure must not hide the others'
             if is_desync(exc):
                 raise

@@ -1,5 +1,10 @@
 """Elastic resume with real processes: one run continued on 2, 3, 2, 1 and 2 processes, workers 0 <-> 2.
 
+Every launch trains a DDP model with gradient accumulation over 2 steps and the first save falls inside an
+accumulation window: after each elastic resume all ranks agree on ``accelerator.step`` (else they deadlock in
+backward), and a rank that did not exist when the checkpoint was written has the random state derived from the
+saved main process's and its rank.
+
 Each launch runs every source of ``mp_elastic.SOURCES`` (map-style data, a user's batch_sampler, a stateful
 stream every rank reads whole, and torch's worker_init_fn recipe under the dispatcher over an opaque stream). Each
 launch's batches, on every rank, must equal an in-process simulation of the same chain (whose properties
@@ -11,15 +16,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from accelerate_stateful import (
     BatchSamplerDataLoader, DispatchDataLoader, DistContext, IterableShardDataLoader, ShardDataLoader,
 )
+
+from accelerate_stateful._agreement import new_rank_seed
 
 from cli_run import cli_json
 from harness import through_files
@@ -27,8 +36,9 @@ from harness import through_files
 sys.path.insert(0, str(Path(__file__).parent))
 import mp_elastic  # noqa: E402
 
-# (world size, workers, stop epoch, stop batch): 2->3, 3->2, 2->1, 1->2, workers alternating 0 and 2.
-CHAIN = [(2, 0, 0, 4), (3, 2, 1, 3), (2, 0, 1, 3), (1, 2, 2, 10), (2, 0, -1, -1)]
+# (world size, workers, stop epoch, stop batch): 2->3, 3->2, 2->1, 1->2, workers alternating 0 and 2; the
+# first stop leaves an odd accelerator.step, inside a window of 2 accumulation steps.
+CHAIN = [(2, 0, 0, 5), (3, 2, 1, 3), (2, 0, 1, 3), (1, 2, 2, 10), (2, 0, -1, -1)]
 
 
 def launch(out: Path, index: int, world: int, workers: int, stop_epoch: int, stop_batch: int) -> None:
@@ -41,8 +51,15 @@ def launch(out: Path, index: int, world: int, workers: int, stop_epoch: int, sto
     if world > 1:
         launcher.insert(3, "--multi_gpu")
     script = [str(Path(mp_elastic.__file__)), str(out), str(index), str(workers), str(stop_epoch), str(stop_batch)]
-    done = subprocess.run(launcher + script, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, f"launch {index} (world {world}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    proc = subprocess.Popen(launcher + script, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:  # a hang: end the launcher and every rank it started
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"launch {index} (world {world}) hung:\n{output[-3000:]}")
+    assert proc.returncode == 0, f"launch {index} (world {world}) failed:\n{output[-6000:]}"
 
 
 LOADERS = {"map": ShardDataLoader, "batch-sampler": BatchSamplerDataLoader, "stream": IterableShardDataLoader,
@@ -67,14 +84,14 @@ def simulate(source: str) -> list[dict[int, list]]:
                     taken += 1
                     if (epoch, taken) == (stop_epoch, stop_batch):
                         stop = True
+                        if rank == 0:  # saved inside the loop, as the launch does (the return then drops the pass)
+                            saved = through_files(loader.state_dict())
                         break
                 if stop:
                     break
             if stop_epoch >= 0:
                 assert seen and seen[-1][0] == stop_epoch, f"launch {len(launches)} never reaches its stop"
             per_rank[rank] = seen
-            if rank == 0:
-                saved = through_files(loader.state_dict())
         launches.append(per_rank)
         state = saved
     return launches
@@ -85,6 +102,9 @@ def simulate(source: str) -> list[dict[int, list]]:
 def test_a_run_continued_on_2_3_2_1_2_processes_delivers_exactly_the_simulated_batches(tmp_path):
     for index, (world, workers, stop_epoch, stop_batch) in enumerate(CHAIN):
         launch(tmp_path, index, world, workers, stop_epoch, stop_batch)
+        if index:
+            for source in mp_elastic.SOURCES:
+                check_agreement(tmp_path, source, index, world, CHAIN[index - 1][0])
     for source in mp_elastic.SOURCES:
         expected = simulate(source)
         delivered_per_epoch: dict[int, list[int]] = {}
@@ -108,3 +128,18 @@ def test_a_run_continued_on_2_3_2_1_2_processes_delivers_exactly_the_simulated_b
             lines = (tmp_path / f"launch{resumed}.map.rank{rank}.jsonl").read_text().splitlines()
             read = [row["ids"] for row in map(json.loads, lines) if row["epoch"] == stop_epoch]
             assert read and [b["indices"] for b in predicted["ranks"][rank]["batches"]] == read, (resumed, rank)
+
+
+def check_agreement(out: Path, source: str, index: int, world: int, saved_world: int) -> None:
+    """After a resume: every rank has the saved accelerator.step (inside a window); new ranks' RNGs derived."""
+    meta = [json.loads((out / f"launch{index}.{source}.rank{r}.meta.json").read_text()) for r in range(world)]
+    steps = [m["step"] for m in meta]
+    assert len(set(steps)) == 1, f"{source}, launch {index}: the ranks disagree on accelerator.step: {steps}"
+    if index == 1:  # saved on 2 processes inside an accumulation window, resumed on 3
+        assert steps[0] % mp_elastic.ACCUMULATION == 1, f"{source}: launch 1 resumed at step {steps[0]}, not mid-window"
+    saved_main = torch.tensor(meta[0]["rng_state"], dtype=torch.uint8)
+    for rank in range(saved_world, world):
+        torch.manual_seed(new_rank_seed(saved_main, rank))
+        assert meta[rank]["rand"] == torch.rand(1).item(), f"{source}, launch {index}: rank {rank}'s random state"
+    draws = [m["rand"] for m in meta]
+    assert len(set(draws)) == world, f"{source}, launch {index}: ranks share a random state: {draws}"

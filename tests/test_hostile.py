@@ -296,18 +296,18 @@ CASES = {
                              resume="falls back"),
     # ---- an intact checkpoint, written for another configuration
     "another-dataset-length": Case(None, StateMismatchError,
-                                   ("loader_0.rank_0.json", "dataset_length: saved 22, current 26",
-                                    "pass the same dataset_length, num_samples .* or start a fresh run"),
+                                   ("loader_0.rank_0.json", r"len\(dataset\): saved 22, current 26",
+                                    r"use the same len\(dataset\), samples per epoch .* or start a fresh run"),
                                    config={"n": 26}),
     "another-batch-size": Case(None, StateMismatchError,
                                ("loader_0.rank_0.json", "batch_size: saved 4, current 2",
-                                "pass the same batch_size .* or start a fresh run"), config={"batch_size": 2}),
+                                "use the same batch_size .* or start a fresh run"), config={"batch_size": 2}),
     "another-seed": Case(None, StateMismatchError,
-                         ("loader_0.rank_0.json", "seed: saved 0, current 1", "pass the same seed"),
+                         ("loader_0.rank_0.json", r"generator seed\): saved 0, current 1", "use the same data seed"),
                          config={"seed": 1}),
     "another-order": Case(None, StateMismatchError,
-                          ("loader_0.rank_0.json", "order: saved 'random', current 'sequential'",
-                           "pass the same order"), config={"shuffle": False}),
+                          ("loader_0.rank_0.json", r"shuffle/sampler \(the epoch order\): saved 'random', current 'sequential'",
+                           "use the same shuffle/sampler"), config={"shuffle": False}),
 }
 
 

@@ -51,13 +51,13 @@ def test_iter_while_iterating_abandons_the_pass_and_restarts_the_epoch():
     assert loader.epoch == 1
 
 
-def test_iter_after_a_break_restarts_the_epoch_like_a_dataloader():
+def test_a_break_without_training_undoes_the_pass_so_the_next_iter_restarts_the_epoch():
     full = ids(make())
     loader = make()
     for i, _ in enumerate(loader):
         if i == 1:
             break
-    assert loader.state_dict()["batches_yielded"] == 2
+    assert loader.state_dict()["batches_yielded"] == 0 and loader.phase is Phase.NOT_STARTED
     assert ids(loader) == full
 
 
@@ -162,9 +162,11 @@ def test_a_prepared_loader_pickles_with_its_position():
 
 def test_a_pickled_loader_mid_iteration_pickles_without_its_iterator():
     loader = _after_two_batches()
+    live = loader._kept
     del loader._kept
     copy = pickle.loads(pickle.dumps(loader))
-    assert copy.batches_yielded == 2
+    assert copy.batches_yielded == 2 and next(live) is not None
+    assert ids(copy) == ids(make())  # the copy's pass is gone with its iterator: undone, the epoch restarts
 
 
 def test_unwrap_returns_the_base_loader_and_no_class_is_faked():

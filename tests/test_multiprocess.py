@@ -27,7 +27,8 @@ from typing import Callable
 
 import pytest
 
-from mp_scenarios import ALL_SETS, HF_STREAMS, SCENARIO_SETS, SOURCE_SETS, dispatches, is_iterable, reads_whole_shards
+from mp_scenarios import (ALL_SETS, HF_STREAMS, SCENARIO_SETS, SOURCE_SETS, dispatches, expected_ids, is_iterable,
+                          reads_whole_shards)
 
 SCRIPT = Path(__file__).with_name("mp_scenarios.py")
 REPO = SCRIPT.parent.parent
@@ -103,13 +104,13 @@ def _world(set_name: str) -> int:
 @pytest.mark.parametrize("set_name", list(ALL_SETS))
 def test_every_rank_resumes_exactly_in_real_processes(set_name, tmp_path):
     world = _world(set_name)
-    expected_ids = [s["id"] for s in ALL_SETS[set_name]]
+    expected = expected_ids(set_name)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
 
     started = time.perf_counter()
     returncode, output = _run(_launch_command(world, out_dir, set_name), _launch_env(tmp_path))
-    print(f"{set_name}: {len(expected_ids)} scenarios on {world} processes in {time.perf_counter() - started:.1f} s")
+    print(f"{set_name}: {len(expected)} scenarios on {world} processes in {time.perf_counter() - started:.1f} s")
     print(output[-3000:])
 
     failures = []
@@ -120,8 +121,8 @@ def test_every_rank_resumes_exactly_in_real_processes(set_name, tmp_path):
             continue
         results = json.loads(path.read_text())
         ran = [r["id"] for r in results]
-        if ran != expected_ids:
-            failures.append(f"rank {rank} finished {ran}, expected {expected_ids}")
+        if ran != expected:
+            failures.append(f"rank {rank} finished {ran}, expected {expected}")
         failures += [
             f"{r['id']} on rank {rank}: {r['difference']}"
             + "".join(f"\n  and: {other}" for other in r.get("other_differences", []))

@@ -33,17 +33,17 @@ def test_every_mismatching_setting_is_listed_with_saved_and_current_values_and_t
     message = str(info.value)
     for line in (
         "batch_size: saved 4, current 8",
-        "dataset_length: saved 20, current 24",
+        "len(dataset): saved 20, current 24",
         "drop_last: saved False, current True",
-        "seed: saved 0, current 1",
+        "generator seed): saved 0, current 1",
     ):
         assert line in message
-    assert "pass the same" in message and "start a fresh run" in message
+    assert "use the same batch_size, len(dataset), drop_last, " in message and "start a fresh run" in message
     assert info.value.saved["batch_size"] == 4 and info.value.current["batch_size"] == 8
 
 
 def test_a_changed_shuffle_setting_is_a_mismatch():
-    with pytest.raises(StateMismatchError, match="order: saved 'random', current 'sequential'"):
+    with pytest.raises(StateMismatchError, match=r"shuffle/sampler \(the epoch order\): saved 'random', current 'sequential'"):
         make(shuffle=False).load_state_dict(saved())
 
 
