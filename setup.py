@@ -25,7 +25,7 @@ setup(
         "torchdata>=0.10",
         "safetensors>=0.4",
     ],
-    entry_points={"console_scripts": ["accelerate-stateful = accelerate_stateful._cli:main"]},
+    entry_points={"console_scripts": ["accelerate-stateful = accelerate_stateful.cli:main"]},
     extras_require={
         # `make docs`: the site (mkdocs.yml), its API reference, and the figures (benchmarks/plot.py).
         "docs": DOCS,

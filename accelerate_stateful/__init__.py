@@ -1,14 +1,14 @@
 """accelerate-stateful: exact, replay-free mid-epoch resume for Hugging Face Accelerate loaders."""
 
-from ._adapter import DataLoaderAdapter, Phase
+from .loaders._adapter import DataLoaderAdapter, Phase
 from ._context import DistContext
-from ._files import latest_checkpoint
-from ._position import ShardPlan
-from ._preemption import PREEMPTED_EXIT_CODE
-from ._rng import SampleRNG, sample_rng
-from ._state import FORMAT_VERSION, LoaderState
+from .checkpoint._files import latest_checkpoint
+from .position._plan import ShardPlan
+from .training._preemption import PREEMPTED_EXIT_CODE
+from .training._rng import SampleRNG, sample_rng
+from .checkpoint._state import FORMAT_VERSION, LoaderState
 from .accelerator import Accelerator
-from .batchsampler import BatchSamplerDataLoader
+from .loaders.batchsampler import BatchSamplerDataLoader
 from .errors import (
     CheckpointError,
     LifecycleError,
@@ -18,13 +18,13 @@ from .errors import (
     StatefulLoaderError,
     UnsupportedConfigError,
 )
-from .dcp import LoaderCheckpoint
-from .dispatch import DispatchDataLoader
-from .iterable import IterableShardDataLoader
-from .roundrobin import RoundRobinDataset, RoundRobinLoader
-from .shard import ShardDataLoader
-from .sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
-from .skip import SkipDataLoader
+from .checkpoint.dcp import LoaderCheckpoint
+from .loaders.dispatch import DispatchDataLoader
+from .loaders.iterable import IterableShardDataLoader
+from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
+from .loaders.shard import ShardDataLoader
+from .sources.sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
+from .loaders.skip import SkipDataLoader
 
 __version__ = "0.1.0"
 

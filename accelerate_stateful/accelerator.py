@@ -10,17 +10,24 @@ from typing import Any, Iterator, Optional, Union
 import accelerate
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _accumulation, _checkpoints, _files, _preemption, _resume, _rng, _teardown, _training
-from ._agreement import agree_after_elastic_load
-from ._adapter import DataLoaderAdapter
+from . import _teardown
+from .training import _accumulation
+from .checkpoint import _checkpoints
+from .checkpoint import _files
+from .training import _preemption
+from .checkpoint import _resume
+from .training import _rng
+from .training import _training
+from .training._agreement import agree_after_elastic_load
+from .loaders._adapter import DataLoaderAdapter
 from ._context import DistContext
-from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
+from .loaders.batchsampler import BatchSamplerDataLoader, uses_batch_sampler
 from .errors import CheckpointError, UnsupportedConfigError
-from .dispatch import DispatchDataLoader
-from .iterable import IterableShardDataLoader
-from .roundrobin import RoundRobinDataset, RoundRobinLoader
-from .shard import ShardDataLoader
-from .skip import SkipDataLoader
+from .loaders.dispatch import DispatchDataLoader
+from .loaders.iterable import IterableShardDataLoader
+from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
+from .loaders.shard import ShardDataLoader
+from .loaders.skip import SkipDataLoader
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +58,8 @@ class Accelerator(accelerate.Accelerator):
             see ``docs/exactness.md``.
         carry_gradients: Save the partial gradient of an accumulation window (each rank's ``.grad``) in
             every checkpoint taken inside one, and restore it on load (default). ``False`` writes none.
-        *args, **kwargs: Everything ``accelerate.Accelerator`` accepts.
+        *args: Positional arguments of ``accelerate.Accelerator``.
+        **kwargs: Everything else ``accelerate.Accelerator`` accepts.
     """
 
     def __init__(self, *args: Any, pipeline_rng: str = "auto", carry_gradients: bool = True, **kwargs: Any) -> None:

@@ -16,8 +16,8 @@ import torch
 from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler, RandomSampler
 
-from accelerate_stateful._deal import deal, rank_batches
-from accelerate_stateful.batchsampler import draw_batches
+from accelerate_stateful.position._deal import deal, rank_batches
+from accelerate_stateful.loaders.batchsampler import draw_batches
 
 
 def best_of(rounds: int, fn) -> float:

@@ -2,7 +2,7 @@
 
 For each world size W (1 to 1,024) the benchmark saves a checkpoint as W ranks would (each rank's loader
 state, then the manifest), then resumes it twice: on W ranks, and on W // 2 ranks (elastic). It counts
-the files each rank opens and the ``stat`` calls it makes (``accelerate_stateful._files.IO``) and times
+the files each rank opens and the ``stat`` calls it makes (``accelerate_stateful.checkpoint._files.IO``) and times
 each rank's work, for two protocols:
 
 - ``before``: what the package did until this change: every rank verifies the whole manifest (a stat of
@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment  # noqa: E402
 
 from accelerate_stateful import DistContext, ShardDataLoader  # noqa: E402
-from accelerate_stateful import _files, _resume  # noqa: E402
+from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _resume  # noqa: E402
 
 WORLDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SAMPLE_RANKS = 16

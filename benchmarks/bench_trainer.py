@@ -65,7 +65,7 @@ def _trainer(kind: str, out: Path, stream: SlowStream, max_steps: int, save_step
              on_step: Optional[Callable]):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-    from accelerate_stateful.transformers import StatefulTrainer
+    from accelerate_stateful.integrations.transformers import StatefulTrainer
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
@@ -149,7 +149,7 @@ def check_time(calls: int = 100_000) -> float:
     """Seconds per call of the check itself, between two batches after an optimizer step, with no signal."""
     import functools
 
-    from accelerate_stateful import _preemption
+    from accelerate_stateful.training import _preemption
 
     accelerator = type("AtStepBoundary", (), {"sync_gradients": True})()
     request = _preemption.PreemptionRequest()

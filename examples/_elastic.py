@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from _verify import MISSED, NOT_APPLICABLE, REJECTED, Attempt, effective_stream, read_stream
 from accelerate_stateful import DistContext, ShardDataLoader, ShardPlan
-from accelerate_stateful._files import read_loader_state
+from accelerate_stateful.checkpoint._files import read_loader_state
 
 # The package's WARNING on a resume with another topology (accelerate_stateful.accelerator._log_resume).
 TOPOLOGY_LOG = re.compile(r"loader 0: resuming epoch (\d+) at \S+ on (\d+) ranks x (\d+) workers \(was (\d+) x (\d+)\)")

@@ -45,7 +45,7 @@ def train(out: Path) -> None:
     """The user's script: a Trainer, made stateful by one import."""
     from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
-    from accelerate_stateful.transformers import StatefulTrainer, checkpoint_step, latest_trainer_checkpoint
+    from accelerate_stateful.integrations.transformers import StatefulTrainer, checkpoint_step, latest_trainer_checkpoint
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=8, n_embd=32, n_layer=2, n_head=2))

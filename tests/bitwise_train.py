@@ -37,7 +37,8 @@ import torch
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader, Dataset
 
-from accelerate_stateful import Accelerator, _accumulation
+from accelerate_stateful import Accelerator
+from accelerate_stateful.training import _accumulation
 
 FEATURES, ACCUMULATION = 8, 2
 RUNS = {"w0": 0, "w2": 2}

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from accelerate_stateful import _files
-from accelerate_stateful._cli import main
+from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.cli._main import main
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accelerate_stateful import DistContext, IterableShardDataLoader, ShardDataLoader, StateMismatchError  # noqa: E402
-from accelerate_stateful.dcp import LoaderCheckpoint  # noqa: E402
+from accelerate_stateful.checkpoint.dcp import LoaderCheckpoint  # noqa: E402
 from harness import batch_ids  # noqa: E402
 from streams import CountingStream  # noqa: E402
 

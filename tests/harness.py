@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from accelerate_stateful import _files
+from accelerate_stateful.checkpoint import _files
 
 SavePoint = tuple[int, str]
 

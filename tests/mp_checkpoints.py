@@ -33,7 +33,8 @@ from accelerate.test_utils.scripts import test_distributed_data_loop as accelera
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import Accelerator, _files
+from accelerate_stateful import Accelerator
+from accelerate_stateful.checkpoint import _files
 
 
 def stateful(project: Path, **config) -> Accelerator:

@@ -61,7 +61,8 @@ from torch.distributed.algorithms.join import Join
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
 import accelerate_stateful
-from accelerate_stateful import DispatchDataLoader, _files
+from accelerate_stateful import DispatchDataLoader
+from accelerate_stateful.checkpoint import _files
 from mp_loops import LOOP_IDS, run_loop_case
 from streams import CountingStream, OpaqueStream, OpenOnce, decode
 

@@ -11,17 +11,8 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import (
-    Accelerator,
-    DispatchDataLoader,
-    IterableShardDataLoader,
-    CheckpointError,
-    ShardDataLoader,
-    SkipDataLoader,
-    StateMismatchError,
-    UnsupportedConfigError,
-    _files,
-)
+from accelerate_stateful import Accelerator, DispatchDataLoader, IterableShardDataLoader, CheckpointError, ShardDataLoader, SkipDataLoader, StateMismatchError, UnsupportedConfigError
+from accelerate_stateful.checkpoint import _files
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")

@@ -13,8 +13,9 @@ from accelerate.utils import DataLoaderConfiguration
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import Accelerator, CheckpointError, UnsupportedConfigError, _files
-from accelerate_stateful._accumulation import gradient_file, read_gradients
+from accelerate_stateful import Accelerator, CheckpointError, UnsupportedConfigError
+from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.training._accumulation import gradient_file, read_gradients
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -107,7 +108,7 @@ def test_a_gradient_for_another_model_is_refused_with_the_fix(tmp_path):
 def test_a_sharded_gradient_is_refused_at_save_time_with_the_opt_out():
     model = torch.nn.Linear(2, 2)
     model.weight.grad = torch.zeros(2, 2).to_sparse()
-    from accelerate_stateful._accumulation import write_gradients
+    from accelerate_stateful.training._accumulation import write_gradients
     with pytest.raises(UnsupportedConfigError, match=r"cannot carry the partial gradient of model_0/weight.*"
                                                      r"carry_gradients=False"):
         write_gradients(Path("unused"), 0, [model])

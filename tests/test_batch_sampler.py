@@ -11,7 +11,7 @@ from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from accelerate_stateful import BatchSamplerDataLoader, DistContext, UnsupportedConfigError
-from accelerate_stateful._deal import deal, rank_batches
+from accelerate_stateful.position._deal import deal, rank_batches
 
 from harness import check_resumes, run_loop, save_points, through_files
 

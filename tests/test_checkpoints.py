@@ -17,8 +17,9 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator, CheckpointError, DistContext, UnsupportedConfigError
-from accelerate_stateful import _files, _resume
-from accelerate_stateful._versions import refuse_unknown_version
+from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _resume
+from accelerate_stateful.checkpoint._versions import refuse_unknown_version
 from scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")

@@ -9,6 +9,7 @@ the entry point ``setup.py`` declares, and in this process for breadth.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import pickle
 import shutil
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from accelerate_stateful import _files
+from accelerate_stateful.checkpoint import _files
 from accelerate_stateful import __main__ as module_main
-from accelerate_stateful._cli import main
+from accelerate_stateful.cli._main import main
 
 from cli_run import REPO, cli_json, run_cli, run_module, run_subprocess, subprocess_env
 from test_multiprocess import _free_port, _run
@@ -79,7 +80,7 @@ def test_the_console_script_declared_in_setup_py_is_the_main_function_and_runs(r
     declared = _console_scripts()
     assert list(declared) == ["accelerate-stateful"]
     module, function = declared["accelerate-stateful"].split(":")
-    assert (module, function) == (main.__module__, main.__name__) and module_main.main is main
+    assert getattr(importlib.import_module(module), function) is main and module_main.main is main
     # What the installed accelerate-stateful executable does: import the declared function, exit with its result.
     script = f"import sys, importlib; sys.exit(importlib.import_module({module!r}).{function}())"
     done = run_subprocess([sys.executable, "-c", script, "inspect", run_dir / "stream" / "b"])

@@ -12,24 +12,26 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import DistContext, ShardDataLoader, _files
+from accelerate_stateful import DistContext, ShardDataLoader
+from accelerate_stateful.checkpoint import _files
 
 from cli_run import run_cli, save_checkpoint
 
 SUB = _files.SUBDIR
 
 
-def _loader(rank: int, world: int = 2) -> ShardDataLoader:
+def _state(rank: int, world: int = 2) -> dict:
+    """A rank's state one batch into its epoch, taken while the pass is live (a dropped pass is undone)."""
     loader = ShardDataLoader.from_dataloader(DataLoader(list(range(20)), batch_size=2, shuffle=True),
                                              DistContext(rank, world), data_seed=4)
     it = iter(loader)
     next(it)
-    return loader
+    return loader.state_dict()
 
 
 @pytest.fixture
 def ckpt(tmp_path) -> Path:
-    return save_checkpoint(tmp_path / "checkpoint_3", [[_loader(r).state_dict() for r in range(2)]])
+    return save_checkpoint(tmp_path / "checkpoint_3", [[_state(r) for r in range(2)]])
 
 
 def _one_error_line(err: str) -> str:
@@ -67,7 +69,7 @@ def test_a_path_that_is_not_a_checkpoint_gives_one_line_and_status_3(tmp_path, c
 @pytest.mark.parametrize("command", ["inspect", "verify", "samples", "diff"])
 @pytest.mark.parametrize("damage, message", [
     ("manifest_version", "manifest_version=2, this accelerate-stateful reads up to 1"),
-    ("format_version", "has format_version=2, this package reads up to 1; upgrade accelerate-stateful"),
+    ("format_version", "has format_version=2, which this release cannot read (written by a newer release"),
     ("mode", "unknown mode 'interleaved'"),
 ])
 def test_a_checkpoint_of_a_newer_release_is_refused_with_upgrade(ckpt, command, damage, message):

@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from accelerate_stateful import DispatchDataLoader, DistContext, ShardDataLoader, _files
+from accelerate_stateful import DispatchDataLoader, DistContext, ShardDataLoader
+from accelerate_stateful.checkpoint import _files
 
 from cli_run import cli_json, run_cli, save_checkpoint
 
@@ -121,8 +122,9 @@ def test_samples_equal_what_dispatchers_take_yield_and_yield_after_an_elastic_re
 def test_samples_of_a_continued_epoch_count_from_where_its_striping_began(tmp_path):
     cfg = dict(world=2, shuffle=True, drop_last=False, even=True, split=False, bs=4)
     first = [_shard(cfg, r, 2) for r in range(2)]
-    for loader in first:
-        next(iter(loader))
+    live = [iter(loader) for loader in first]  # saved while the pass is live (a dropped pass is undone)
+    for it in live:
+        next(it)
     states = [loader.state_dict() for loader in first]
     continued = [_shard(cfg, r, 3) for r in range(3)]
     rests = []
@@ -131,9 +133,11 @@ def test_samples_of_a_continued_epoch_count_from_where_its_striping_began(tmp_pa
         it = iter(loader)
         rests.append([next(it).tolist()] + [b.tolist() for b in it])
     ckpt_loaders = [_shard(cfg, r, 3) for r in range(3)]
+    live = []
     for loader in ckpt_loaders:
         loader.load_state_dict(loader.merge_rank_states(states))
-        next(iter(loader))
+        live.append(iter(loader))
+        next(live[-1])
     ckpt = save_checkpoint(tmp_path / "continued", [[loader.state_dict() for loader in ckpt_loaders]])
     consumed = cli_json("samples", ckpt, "--consumed")
     remaining = cli_json("samples", ckpt, "--remaining")

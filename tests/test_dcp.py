@@ -27,7 +27,7 @@ from accelerate_stateful import (
     StateSerializationError,
     UnsupportedConfigError,
 )
-from accelerate_stateful.dcp import _HEADER, _MAGIC, LoaderCheckpoint
+from accelerate_stateful.checkpoint.dcp import _HEADER, _MAGIC, LoaderCheckpoint
 
 from harness import assert_same_stream, run_loop, save_points
 from streams import CountingStream

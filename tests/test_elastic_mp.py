@@ -28,7 +28,7 @@ from accelerate_stateful import (
     BatchSamplerDataLoader, DispatchDataLoader, DistContext, IterableShardDataLoader, ShardDataLoader,
 )
 
-from accelerate_stateful._agreement import new_rank_seed
+from accelerate_stateful.training._agreement import new_rank_seed
 
 from cli_run import cli_json
 from harness import through_files

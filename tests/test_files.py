@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelerate_stateful import CheckpointError, StateSerializationError, _files, latest_checkpoint
+from accelerate_stateful import CheckpointError, StateSerializationError, latest_checkpoint
+from accelerate_stateful.checkpoint import _files
 
 
 def test_a_state_tree_round_trips_with_its_types():

@@ -34,13 +34,8 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from accelerate_stateful import (
-    Accelerator,
-    CheckpointError,
-    StateMismatchError,
-    UnsupportedConfigError,
-    _files,
-)
+from accelerate_stateful import Accelerator, CheckpointError, StateMismatchError, UnsupportedConfigError
+from accelerate_stateful.checkpoint import _files
 
 N, BATCH, SEED = 22, 4, 0
 STATE = Path(_files.SUBDIR)

@@ -5,7 +5,7 @@ Each loop is written as a user writes it (``script(loaders, log, checkpoint)``).
 records its log and every rank's loader states at each ``checkpoint()``; a run started afresh from each
 of those states (as plain data), and a second resume from a checkpoint that resumed run wrote, must
 continue the log exactly. "Training" is a real optimizer step (any ``optimizer.step()`` counts, see
-``accelerate_stateful._training``).
+``accelerate_stateful.training._training``).
 """
 
 from __future__ import annotations

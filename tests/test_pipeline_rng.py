@@ -25,7 +25,7 @@ from accelerate_stateful import (
     UnsupportedConfigError,
     sample_rng,
 )
-from accelerate_stateful._rng import sample_seed
+from accelerate_stateful.training._rng import sample_seed
 from harness import through_files
 
 SAMPLES, BATCH, SEED = 23, 3, 11
@@ -84,8 +84,15 @@ def epochs(dl, count=2, stop=None) -> list[list[list[int]]]:
 def resumed(make, stop) -> list:
     """The uninterrupted run's batches and those of a run stopped at ``stop`` and resumed in a fresh loader."""
     first = make()
-    before = epochs(first, stop=stop)
-    state = through_files(first.state_dict())
+    before, state = [], None
+    for epoch in range(first.epoch, 2):
+        for batch in first:
+            before.append([epoch, batch.tolist()])
+            if stop == (epoch, first.batches_yielded):
+                state = through_files(first.state_dict())  # saved inside the loop, while the pass is live
+                break
+        if state is not None:
+            break
     torch.manual_seed(999), random.seed(999), np.random.seed(999)  # another process: other global RNG states
     second = make()
     second.load_state_dict(state)

@@ -18,7 +18,7 @@ from accelerate_stateful import (
     StateMismatchError,
     UnsupportedConfigError,
 )
-from accelerate_stateful._refusals import SETTINGS
+from accelerate_stateful.checkpoint._refusals import SETTINGS
 
 INTERNAL = ("samples_consumed", "stripe_origin", "batches_yielded", "sliced_per_rank", "num_samples",
             "dataset_length", "'config'", "topology")

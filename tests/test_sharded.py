@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader, TextLines
-from accelerate_stateful.sharded import LogicalShardStream
+from accelerate_stateful.sources.sharded import LogicalShardStream
 
 from harness import check_resumes, run_loop, save_points, through_files
 

@@ -185,7 +185,7 @@ def test_a_large_state_with_tensors_resumes_exactly_and_never_blocks_a_worker(li
 
 
 def test_a_state_is_copied_only_when_state_dict_returns_parts_that_change_later():
-    from accelerate_stateful._snapshot import shares_mutable_parts as shares
+    from accelerate_stateful.loaders._snapshot import shares_mutable_parts as shares
 
     buffer, tensor = [1, 2], torch.arange(4)
     assert shares({"b": buffer}, {"b": buffer})

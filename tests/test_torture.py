@@ -34,7 +34,8 @@ from typing import NamedTuple, Optional
 import psutil
 import pytest
 
-from accelerate_stateful import _files, latest_checkpoint
+from accelerate_stateful import latest_checkpoint
+from accelerate_stateful.checkpoint import _files
 from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent

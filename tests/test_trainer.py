@@ -13,11 +13,11 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader
 
 import accelerate_stateful
-import accelerate_stateful.transformers as integration
-from accelerate_stateful import PREEMPTED_EXIT_CODE, Accelerator, UnsupportedConfigError, _files
-from accelerate_stateful._preemption import PreemptionRequest
-from accelerate_stateful.transformers import (StatefulTrainer, check_transformers, latest_trainer_checkpoint,
-                                              stateful)
+import accelerate_stateful.integrations.transformers as integration
+from accelerate_stateful import PREEMPTED_EXIT_CODE, Accelerator, UnsupportedConfigError
+from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.training._preemption import PreemptionRequest
+from accelerate_stateful.integrations.transformers import StatefulTrainer, check_transformers, latest_trainer_checkpoint, stateful
 
 
 def test_the_installed_transformers_has_everything_the_integration_relies_on():

@@ -169,7 +169,7 @@ def train_dataset(cfg: dict) -> Any:
 def make_trainer(cfg: dict, out: Path, rec: Recorder) -> Any:
     from transformers import TrainingArguments
 
-    from accelerate_stateful.transformers import StatefulTrainer, stateful
+    from accelerate_stateful.integrations.transformers import StatefulTrainer, stateful
 
     settings = dict(
         output_dir=str(out), per_device_train_batch_size=cfg["bs"], gradient_accumulation_steps=cfg["ga"],
@@ -212,7 +212,7 @@ def interrupt(cfg: dict, step: int, trainer_dir: Path) -> None:
 
 def kill_inside_save(cfg: dict) -> None:
     """SIGKILL the main process in the save of ``checkpoint-<step>``, after every other file, before the marker."""
-    from accelerate_stateful import _files
+    from accelerate_stateful.checkpoint import _files
 
     original = _files.write_manifest
 
@@ -236,7 +236,7 @@ def run_trainer(cfg: dict, out: Path, rec: Recorder, interrupted: bool) -> dict:
         trainer.add_callback(Interrupt())
         if cfg["stop"][0] == "save":
             kill_inside_save(cfg)
-    from accelerate_stateful.transformers import checkpoint_step, latest_trainer_checkpoint
+    from accelerate_stateful.integrations.transformers import checkpoint_step, latest_trainer_checkpoint
 
     latest = latest_trainer_checkpoint(out)
     rec.write(start=0 if latest is None else checkpoint_step(latest))

@@ -24,27 +24,56 @@ PACKAGE = "accelerate_stateful"
 # Role -> module path inside the package. The one place the figure names modules.
 MODULES = {
     "accelerator": "accelerator.py",
-    "adapter": "_adapter.py",
     "context": "_context.py",
-    "shard": "shard.py",
-    "order": "_order.py",
-    "position": "_position.py",
-    "dispatch": "dispatch.py",
-    "iterable": "iterable.py",
-    "stream": "_stream.py",
-    "channels": "_channels.py",
-    "snapshot": "_snapshot.py",
-    "sharded": "sharded.py",
-    "roundrobin": "roundrobin.py",
-    "skip": "skip.py",
-    "state": "_state.py",
-    "files": "_files.py",
-    "dcp": "dcp.py",
+    "adapter": "loaders/_adapter.py",
+    "shard": "loaders/shard.py",
+    "dispatch": "loaders/dispatch.py",
+    "iterable": "loaders/iterable.py",
+    "stream": "loaders/_stream.py",
+    "batchsampler": "loaders/batchsampler.py",
+    "skip": "loaders/skip.py",
+    "order": "position/_order.py",
+    "position": "position/_plan.py",
+    "deal": "position/_deal.py",
+    "sharded": "sources/sharded.py",
+    "roundrobin": "sources/roundrobin.py",
+    "state": "checkpoint/_state.py",
+    "files": "checkpoint/_files.py",
+    "checkpoints": "checkpoint/_checkpoints.py",
+    "resume": "checkpoint/_resume.py",
+    "dcp": "checkpoint/dcp.py",
+    "accumulation": "training/_accumulation.py",
+    "rng": "training/_rng.py",
     "errors": "errors.py",
 }
 # Modules of the package the figure leaves out on purpose, and why. Every ``__init__.py`` is left out too:
 # a front door re-exports the names the boxes show and does no step of its own.
-NOT_DRAWN: dict[str, str] = {}
+_PLUMBING = "a helper of the box that names its package's main module"
+NOT_DRAWN: dict[str, str] = {
+    "__main__.py": "runs the command line (cli/), which reads checkpoints through checkpoint/",
+    "transformers.py": "public import path of integrations/transformers.py",
+    "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",
+    "loaders/_passes.py": "the adapter's record of where a pass began (what an abandoned pass undoes)",
+    "loaders/_channels.py": "stream workers' side channel for their snapshots; " + _PLUMBING,
+    "loaders/_snapshot.py": "a dataset's own state_dict() taken in a worker; " + _PLUMBING,
+    "loaders/_reading.py": "how the processes read a stream (whole, by shard, logical shards); " + _PLUMBING,
+    "loaders/_workerinit.py": "a user's worker_init_fn sees the user's dataset; " + _PLUMBING,
+    "loaders/_ordered.py": "the in_order=False refusal every variant applies",
+    "position/_seeds.py": "mix_seed: seeds derived from the loader's seed, used by every box that draws",
+    "checkpoint/_versions.py": "refuses files of an unknown format version",
+    "checkpoint/_refusals.py": "the words of a refusal (loader order, world-size-dependent samplers)",
+    "training/_agreement.py": "after an elastic load, accelerator.step and new ranks' RNGs agree",
+    "training/_training.py": "counts optimizer steps, so an abandoned pass knows whether the model trained",
+    "training/_preemption.py": "SIGTERM/SIGUSR1: a checkpoint at an agreed step (docs/trainer.md)",
+    "integrations/transformers.py": "the 🤗 Trainer drives the same Accelerator (docs/trainer.md)",
+    "integrations/_trainer_checkpoints.py": "the Trainer's checkpoint-N folders (docs/trainer.md)",
+    "integrations/_trainer_compat.py": "what the Trainer integration relies on inside transformers",
+    "cli/_main.py": "the command line reads checkpoints through checkpoint/ (docs/cli.md)",
+    "cli/_read.py": "the command line's reading of a checkpoint (docs/cli.md)",
+    "cli/_report.py": "the command line's tables and JSON (docs/cli.md)",
+    "cli/_loaders.py": "the command line rebuilds the loaders to answer samples (docs/cli.md)",
+    "cli/_diff.py": "the command line's diff (docs/cli.md)",
+}
 
 DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"
 
@@ -68,8 +97,9 @@ class Box:
 
 VARIANTS = [  # (title, modules): one per loader variant, in the order prepare() tries them
     ("DispatchDataLoader: dispatch_batches", ("dispatch",)),
-    ("RoundRobinLoader: RoundRobinDataset", ("roundrobin", "snapshot")),
-    ("IterableShardDataLoader: IterableDataset", ("iterable", "stream", "channels", "snapshot", "sharded")),
+    ("RoundRobinLoader: RoundRobinDataset", ("roundrobin",)),
+    ("IterableShardDataLoader: IterableDataset", ("iterable", "stream", "sharded")),
+    ("BatchSamplerDataLoader: a user's batch_sampler", ("batchsampler", "deal")),
     ("ShardDataLoader: map-style", ("shard", "order", "position")),
     ("SkipDataLoader: skip_first_batches", ("skip",)),
 ]
@@ -86,17 +116,18 @@ def boxes() -> tuple[list[Box], list[tuple[Box, Box, str]]]:
         Box(columns[0], 38, 33, 9, "save_state()", ("accelerator",), SAVE),
         Box(columns[1], 38, 33, 9, "loader.state_dict()", ("adapter", "state"), SAVE),
         Box(columns[2], 38, 33, 9, "JSON + safetensors per rank", ("files",), SAVE),
-        Box(columns[3], 38, 33, 9, "manifest, written last", ("files",), SAVE),
+        Box(columns[3], 38, 33, 9, "manifest, written last", ("checkpoints",), SAVE),
     ]
     resume = [
         Box(columns[0], 14, 33, 9, "resume()", ("accelerator",), RESUME),
-        Box(columns[1], 14, 33, 9, "newest complete checkpoint", ("files",), RESUME),
+        Box(columns[1], 14, 33, 9, "newest complete checkpoint", ("resume",), RESUME),
         Box(columns[2], 14, 33, 9, "validation", ("state", "adapter"), RESUME),
         Box(columns[3], 14, 33, 9, "load_state_dict()", ("adapter",), RESUME),
     ]
     notes = [
-        Box(45, 3, 56, 4.5, "with torch.distributed.checkpoint instead of save_state", ("dcp",), NOTE),
-        Box(117, 3, 40, 4.5, "every refusal", ("errors",), NOTE),
+        Box(27, 3, 50, 4.5, "with torch.distributed.checkpoint instead", ("dcp",), NOTE),
+        Box(82, 3, 54, 4.5, "partial gradients and pipeline RNG", ("accumulation", "rng"), NOTE),
+        Box(132, 3, 30, 4.5, "every refusal", ("errors",), NOTE),
     ]
     arrows = [(user, prepare, "-")] + [(prepare, v, "-") for v in variants] + [(v, loop, "-") for v in variants]
     arrows += [(a, b, "-") for a, b in zip(save, save[1:])] + [(a, b, "-") for a, b in zip(resume, resume[1:])]
@@ -129,8 +160,10 @@ def draw(path: str) -> None:
         small = box.h < 6
         ax.text(box.x, box.y + (0.9 if small else 1.6), box.title, ha="center", va="center",
                 fontsize=9 if small else 10, weight="bold")
+        base = 8 if small else 9
+        fits = box.w * 8.3 / base  # monospace characters that fit across the box at this size
         ax.text(box.x, box.y - (1.2 if small else 1.9), box.label(), ha="center", va="center",
-                fontsize=8 if small else 9, family="monospace", color="#333333")
+                fontsize=min(base, base * fits / len(box.label())), family="monospace", color="#333333")
     for start, end, style in arrows:
         vertical = style == "--"  # from one row down to another: leave by the bottom, enter by the top
         ax.add_patch(FancyArrowPatch(_edge(start, end, vertical), _edge(end, start, vertical), arrowstyle="-|>",
@@ -138,7 +171,7 @@ def draw(path: str) -> None:
                                      linestyle=style, color="#444444", linewidth=1, shrinkA=2, shrinkB=2))
     for y, text in ((83.5, "Data path"), (46, "Save path"), (22, "Resume path")):
         ax.text(1, y, text, fontsize=13, weight="bold", color="#222222")
-    ax.text(87, 51.5, "each variant is a DataLoaderAdapter (" + MODULES["adapter"] + "): lifecycle, state template",
+    ax.text(87, 45.4, "each variant is a DataLoaderAdapter (" + MODULES["adapter"] + "): lifecycle, state template",
             ha="center", fontsize=8.5, style="italic", color="#333333")
     ax.text(148, -1.5, f"module paths are relative to {PACKAGE}/; drawn by tools/architecture.py",
             ha="right", fontsize=7.5, color="#666666")

@@ -1,0 +1,405 @@
+"""Safe files: loader states as JSON plus safetensors, a manifest written last, atomic writes.
+
+Nothing here unpickles. A state tree may hold dicts, lists, tuples, str, int,
+float, bool, None, bytes and tensors; tensors go to a safetensors file and the
+JSON holds a reference to them. Anything else fails at save time, naming the
+key's path.
+
+Layout inside a checkpoint directory::
+
+    <checkpoint>/accelerate_stateful/
+        loader_0.rank_0.json          one file per loader per rank
+        loader_0.rank_0.safetensors   only when that state holds tensors
+        MANIFEST.json                 written last, after every rank finished, by one process per folder
+
+Where ranks do not share the folder (node-local disks, a folder per process), each folder gets a
+manifest of its own listing the ranks whose states it holds (see ``_checkpoints``).
+
+``IO`` counts the files this module opens for reading and the ``stat`` calls it makes, so that a
+benchmark can report the reads a resume costs each rank.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from ._versions import refuse_unknown_version
+from ..errors import CheckpointError, StateSerializationError
+
+SUBDIR = "accelerate_stateful"
+MANIFEST = "MANIFEST.json"
+MANIFEST_VERSION = 1
+SUPPORTED_MANIFEST_VERSIONS = (1,)
+_CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+# Markers of the JSON encoding; a user dict may not use these as its only key.
+_TENSOR, _TUPLE, _BYTES, _PAIRS = "__tensor__", "__tuple__", "__bytes__", "__pairs__"
+_MARKERS = {_TENSOR, _TUPLE, _BYTES, _PAIRS}
+
+# Reads made by this module: "open" (a file read), "stat" (a size or existence check).
+IO: Counter = Counter()
+
+
+def _read_bytes(path: Path) -> bytes:
+    IO["open"] += 1
+    return Path(path).read_bytes()
+
+
+def _size(path: Path) -> Optional[int]:
+    """The size of ``path``, or ``None`` where it is not a file."""
+    IO["stat"] += 1
+    try:
+        return path.stat().st_size if path.is_file() else None
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- encoding
+def encode(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Split a state tree into a JSON-safe tree and the tensors it refers to."""
+    tensors: dict[str, torch.Tensor] = {}
+    return _encode(tree, "", tensors), tensors
+
+
+def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise StateSerializationError(f"cannot store the non-finite float {value} at '{path}'", path)
+        return value
+    if isinstance(value, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = value.detach().cpu().contiguous()
+        return {_TENSOR: key}
+    if isinstance(value, (bytes, bytearray)):
+        return {_BYTES: base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, tuple):
+        return {_TUPLE: [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and not (len(value) == 1 and set(value) <= _MARKERS):
+            return {k: _encode(v, f"{path}/{k}", tensors) for k, v in value.items()}
+        pairs = []
+        for k, v in value.items():
+            if k is not None and not isinstance(k, (bool, int, str)):
+                raise StateSerializationError(
+                    f"cannot store the dict key {k!r} ({type(k).__name__}) at '{path}': keys must be str, int or bool",
+                    path,
+                )
+            pairs.append([k, _encode(v, f"{path}/{k}", tensors)])
+        return {_PAIRS: pairs}
+    raise StateSerializationError(
+        f"cannot store a {type(value).__module__}.{type(value).__qualname__} at '{path or '/'}': loader states "
+        "hold only dicts, lists, tuples, str, int, float, bool, None, bytes and tensors; make the dataset's "
+        "state_dict() return those",
+        path or "/",
+    )
+
+
+def decode(tree: Any, tensors: dict[str, torch.Tensor], source: str = "") -> Any:
+    """Rebuild a state tree from :func:`encode`'s output."""
+    if isinstance(tree, list):
+        return [decode(v, tensors, source) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if len(tree) == 1:
+        (marker, payload), = tree.items()
+        if marker == _TENSOR:
+            if payload not in tensors:
+                raise CheckpointError(
+                    f"{source}: refers to tensor '{payload}', which its safetensors file lacks; the file is "
+                    "damaged or was replaced, resume from another checkpoint"
+                )
+            return tensors[payload]
+        if marker == _TUPLE:
+            return tuple(decode(v, tensors, source) for v in payload)
+        if marker == _BYTES:
+            return base64.b64decode(payload)
+        if marker == _PAIRS:
+            return {k: decode(v, tensors, source) for k, v in payload}
+    return {k: decode(v, tensors, source) for k, v in tree.items()}
+
+
+# --------------------------------------------------------------------------- atomic files
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a kill leaves either the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_entry(path: Path) -> dict:
+    """A manifest entry (size, sha256) for a file this process has just written."""
+    return {"size": Path(path).stat().st_size, "sha256": _sha256(path)}
+
+
+def _sha256(path: Path) -> str:
+    IO["open"] += 1
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- loader states
+def state_file(checkpoint: Path, loader: int, rank: int, suffix: str = "json") -> Path:
+    return Path(checkpoint) / SUBDIR / f"loader_{loader}.rank_{rank}.{suffix}"
+
+
+def write_loader_state(checkpoint: Path, loader: int, rank: int, state: Any) -> list[Path]:
+    """Write one rank's state of one loader; returns the files written."""
+    return [Path(checkpoint) / rel for rel in write_encoded(checkpoint, loader, rank, encode_state(state))]
+
+
+def encode_state(state: Any) -> dict[str, bytes]:
+    """The file contents of one loader state, by suffix: ``json`` and, where it holds tensors, ``safetensors``."""
+    tree, tensors = encode(state)
+    contents = {"json": json.dumps(tree, sort_keys=True, allow_nan=False).encode()}
+    if tensors:
+        contents["safetensors"] = st_save(tensors)
+    return contents
+
+
+def write_encoded(checkpoint: Path, loader: int, rank: int, contents: dict[str, bytes]) -> dict[str, dict]:
+    """Write :func:`encode_state`'s files (the JSON last); returns their manifest entries (size, sha256)."""
+    (Path(checkpoint) / SUBDIR).mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for suffix in sorted(contents, key=lambda s: s == "json"):
+        path = state_file(checkpoint, loader, rank, suffix)
+        write_atomic(path, contents[suffix])
+        rel = path.relative_to(checkpoint).as_posix()
+        entries[rel] = {"size": len(contents[suffix]), "sha256": hashlib.sha256(contents[suffix]).hexdigest()}
+    return entries
+
+
+def read_loader_state(checkpoint: Path, loader: int, rank: int, manifest: Optional[dict] = None) -> Any:
+    """Read one rank's state of one loader, refusing anything that is not our own format.
+
+    With ``manifest``, each file read is checked against its entry (size and sha256) from the bytes read,
+    so a rank verifies its own state without reading anything twice.
+    """
+    json_path = state_file(checkpoint, loader, rank)
+    if _size(json_path) is None:
+        raise CheckpointError(
+            f"{json_path} is missing: the checkpoint has no state for loader {loader} on rank {rank}; "
+            "it was written by another number of processes or loaders, or is damaged; resume from another checkpoint"
+        )
+    raw = _read_bytes(json_path)
+    if manifest is not None:
+        _check_bytes(checkpoint, json_path, raw, manifest)
+    try:
+        tree = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{json_path} is not a valid JSON loader state ({exc}); the file is truncated or damaged, "
+            "resume from another checkpoint"
+        ) from None
+    tensors = _read_tensors(checkpoint, state_file(checkpoint, loader, rank, "safetensors"), manifest)
+    return decode(tree, tensors, str(json_path))
+
+
+def _read_tensors(checkpoint: Path, path: Path, manifest: Optional[dict]) -> dict[str, torch.Tensor]:
+    """The tensors of a state: from its safetensors file where the manifest lists one (or, without a
+    manifest, where there is one)."""
+    if manifest is not None and Path(path).relative_to(checkpoint).as_posix() not in manifest["files"]:
+        return {}
+    size = _size(path)
+    if size is None and manifest is None:
+        return {}
+    if size is None:
+        raise CheckpointError(
+            f"{checkpoint} is incomplete: {path.name} is listed in its manifest but missing; resume from another "
+            "checkpoint"
+        )
+    raw = _read_bytes(path)
+    _check_bytes(checkpoint, path, raw, manifest)
+    try:
+        return st_load(raw)
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise CheckpointError(f"{path} is not a valid safetensors file ({exc}); resume from another checkpoint") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _check_bytes(checkpoint: Path, path: Path, raw: bytes, manifest: Optional[dict]) -> None:
+    """Refuse ``raw`` (read from ``path``) where it differs from the manifest's entry for it."""
+    if manifest is None:
+        return
+    entry = manifest["files"].get(Path(path).relative_to(checkpoint).as_posix())
+    if entry is None:
+        raise CheckpointError(
+            f"{path} is not listed in {Path(checkpoint) / SUBDIR / MANIFEST}; the file was added after the save or "
+            "the manifest belongs to another save, resume from another checkpoint"
+        )
+    if len(raw) != entry.get("size"):
+        raise CheckpointError(
+            f"{path} has {len(raw)} bytes, its manifest says {entry.get('size')}; the file is "
+            "truncated or was replaced, resume from another checkpoint"
+        )
+    if "sha256" in entry and hashlib.sha256(raw).hexdigest() != entry["sha256"]:
+        raise CheckpointError(
+            f"{path} does not match the hash in its manifest; the file was changed after the save, "
+            "resume from another checkpoint"
+        )
+
+
+# --------------------------------------------------------------------------- manifest
+def write_manifest(checkpoint: Path, *, world_size: int, num_loaders: int, extra: Optional[dict] = None,
+                   ranks: Optional[Iterable[int]] = None, hashes: Optional[dict[str, dict]] = None) -> Path:
+    """Record every file of the checkpoint folder (size, and hash for ours); written last, atomically.
+
+    Args:
+        ranks: The ranks whose states this folder holds (all of them by default).
+        hashes: Entries (size, sha256) of files already known to the caller, so they are not read again.
+    """
+    checkpoint = Path(checkpoint)
+    hashes = hashes or {}
+    files = {}
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        rel = path.relative_to(checkpoint).as_posix()
+        if rel == f"{SUBDIR}/{MANIFEST}":
+            continue
+        entry = {"size": path.stat().st_size}
+        if rel.startswith(f"{SUBDIR}/"):
+            known = hashes.get(rel)
+            entry["sha256"] = known["sha256"] if known and known["size"] == entry["size"] else _sha256(path)
+        files[rel] = entry
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "world_size": world_size,
+        "num_loaders": num_loaders,
+        "ranks": sorted(range(world_size) if ranks is None else ranks),
+        "files": files,
+        **(extra or {}),
+    }
+    path = checkpoint / SUBDIR / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return path
+
+
+def read_manifest(checkpoint: Path) -> dict:
+    """The manifest of a complete checkpoint; raises ``CheckpointError`` for an incomplete or damaged one.
+
+    Checks every file the manifest lists (a stat each, and a hash of ours): the whole folder.
+    """
+    manifest = load_manifest(checkpoint)
+    verify_files(checkpoint, manifest)
+    return manifest
+
+
+def load_manifest(checkpoint: Path) -> dict:
+    """The parsed manifest of ``checkpoint`` (a version this release reads), without checking the files it lists."""
+    checkpoint = Path(checkpoint)
+    path = checkpoint / SUBDIR / MANIFEST
+    if _size(path) is None:
+        raise CheckpointError(
+            f"{checkpoint} is incomplete: it has no {SUBDIR}/{MANIFEST} (the save was interrupted, or the folder "
+            "was not written by accelerate_stateful); resume from an earlier checkpoint"
+        )
+    try:
+        manifest = json.loads(_read_bytes(path).decode("utf-8"), parse_constant=_reject_constant)
+        version = manifest["manifest_version"]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is damaged ({exc!r}); resume from an earlier checkpoint") from None
+    refuse_unknown_version("manifest_version", version, SUPPORTED_MANIFEST_VERSIONS, str(path))
+    try:
+        world_size, _ = int(manifest["world_size"]), int(manifest["num_loaders"])
+        manifest.setdefault("ranks", list(range(world_size)))  # written before per-folder manifests
+        ranks = [int(r) for r in manifest["ranks"]]
+        if not isinstance(manifest["files"], dict) or not all(0 <= r < world_size for r in ranks):
+            raise ValueError(f"ranks {ranks} outside a world of {world_size}, or no file table")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is damaged ({exc!r}); resume from an earlier checkpoint") from None
+    return manifest
+
+
+def verify_files(checkpoint: Path, manifest: dict) -> None:
+    """Check every file ``manifest`` lists: present, of its size, and of its hash where it has one."""
+    for rel, entry in manifest["files"].items():
+        _check_file(Path(checkpoint), rel, entry)
+
+
+def _check_file(checkpoint: Path, rel: str, entry: dict) -> None:
+    path = checkpoint / rel
+    size = _size(path)
+    if size is None:
+        raise CheckpointError(
+            f"{checkpoint} is incomplete: {rel} is listed in its manifest but missing; resume from another checkpoint"
+        )
+    if size != entry.get("size"):
+        raise CheckpointError(
+            f"{path} has {size} bytes, its manifest says {entry.get('size')}; the file is "
+            "truncated or was replaced, resume from another checkpoint"
+        )
+    if "sha256" in entry and _sha256(path) != entry["sha256"]:
+        raise CheckpointError(
+            f"{path} does not match the hash in its manifest; the file was changed after the save, "
+            "resume from another checkpoint"
+        )
+
+
+def is_complete(checkpoint: Path) -> bool:
+    """Whether ``checkpoint``'s manifest is readable and every file it lists is intact."""
+    try:
+        read_manifest(checkpoint)
+    except CheckpointError:
+        return False
+    return True
+
+
+def has_manifest(checkpoint: Path) -> bool:
+    """Whether a save of ``checkpoint`` got as far as its manifest (one stat; nothing is verified)."""
+    return _size(Path(checkpoint) / SUBDIR / MANIFEST) is not None
+
+
+# --------------------------------------------------------------------------- finding checkpoints
+def checkpoint_number(path: Path) -> Optional[int]:
+    match = _CHECKPOINT_NAME.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def numbered_checkpoints(root: Path) -> list[Path]:
+    """``checkpoint_<N>`` folders under ``root``, newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_number(p) is not None]
+    return sorted(found, key=checkpoint_number, reverse=True)
+
+
+def latest_checkpoint(root: Path) -> Optional[Path]:
+    """The newest complete ``checkpoint_<N>`` under ``root``, or ``None``."""
+    return next((p for p in numbered_checkpoints(root) if is_complete(p)), None)
+
+
+def complete_checkpoints(root: Path) -> Iterable[Path]:
+    return [p for p in numbered_checkpoints(root) if is_complete(p)]

@@ -1,0 +1,159 @@
+"""Reading a checkpoint on many processes: which one, verified once, merged once.
+
+Each rank reads O(1) files of the package's own, whatever the world size:
+
+- the manifest of its folder, and its own loader files, checked against the manifest from the bytes it
+  reads (a rank never reads another rank's file to resume at the same world size);
+- the whole folder (every file's size, every loader file's hash) is checked once per folder and host,
+  by the lowest rank that reads it, and the verdict is shared;
+- on another world size, the main process reads every saved rank's state, merges it, and sends each
+  rank the merged state; that needs every saved rank's state in the main process's folder, and is
+  refused with the reason where a folder holds only some ranks (node-local disks).
+
+A step that can fail runs under :func:`_checkpoints.agree`, so every rank raises together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from . import _files
+from . import _refusals
+from . import _state as S
+from ._checkpoints import agree
+from .._context import DistContext
+from ._versions import UnknownVersionError
+from ..errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+
+def verify_once(ctx: DistContext, checkpoint: Path) -> dict:
+    """``checkpoint``'s manifest, every rank's; its folder fully checked by one rank per folder and host."""
+    checkpoint = Path(checkpoint)
+    manifest = agree(ctx, lambda: _files.load_manifest(checkpoint))
+    key = (socket.gethostname(), os.path.realpath(checkpoint), manifest.get("save_id"), tuple(manifest["ranks"]))
+    keys = ctx.all_gather(key)
+    first = keys.index(key) == ctx.rank
+    agree(ctx, lambda: _files.verify_files(checkpoint, manifest) if first else None)
+    return manifest
+
+
+def agreed_latest(ctx: DistContext, root: Path) -> Optional[tuple[Path, dict]]:
+    """The newest checkpoint under ``root`` complete on every rank (and from one save), with its manifest."""
+    mine = agree(ctx, lambda: _sealed(Path(root)))
+    everyone = ctx.all_gather(mine)
+    common = [n for n in sorted(everyone[0], reverse=True) if all(e.get(n) == everyone[0][n] for e in everyone)]
+    for number in common:
+        path = Path(root) / f"checkpoint_{number}"
+        try:
+            return path, verify_once(ctx, path)
+        except CheckpointError as exc:
+            if ctx.is_main:
+                logger.warning("skipping %s: %s", path, exc)
+    return None
+
+
+def _sealed(root: Path) -> dict[int, Optional[str]]:
+    """Every ``checkpoint_<N>`` under ``root`` whose manifest this release reads: number -> save id."""
+    found = {}
+    for path in _files.numbered_checkpoints(root):
+        try:
+            found[_files.checkpoint_number(path)] = _files.load_manifest(path).get("save_id")
+        except UnknownVersionError:
+            raise  # written by a newer release: resuming from an older checkpoint instead would be silent
+        except CheckpointError as exc:
+            if _files.has_manifest(path):
+                logger.warning("skipping %s: %s", path, exc)
+    return found
+
+
+def read_states(ctx: DistContext, checkpoint: Path, manifest: dict, loaders: Sequence[Any]) -> list[Any]:
+    """This rank's state of every loader, read and validated before anything is loaded.
+
+    At the saved world size each rank reads its own files. On another one (or where a loader needs every
+    rank's state, e.g. another worker count for streams), the main process merges every saved rank's state
+    and broadcasts it; each loader then re-derives its own cursor or refuses with the reason.
+    """
+    checkpoint = Path(checkpoint)
+    same_world = manifest["world_size"] == ctx.world_size
+
+    def own() -> list[Any]:
+        _check_loader_count(checkpoint, manifest, loaders)
+        if not same_world:
+            return [None] * len(loaders)
+        if ctx.rank not in manifest["ranks"]:
+            raise CheckpointError(
+                f"{checkpoint} does not hold the state of rank {ctx.rank}: the manifest of this folder lists ranks "
+                f"{manifest['ranks']} (each node or process saved into a folder of its own); resume each process "
+                "from the folder it saved into"
+            )
+        return [_read(checkpoint, manifest, index, ctx.rank) for index in range(len(loaders))]
+
+    states = agree(ctx, own)
+    shared = ctx.broadcast(agree(ctx, lambda: _main_states(ctx, checkpoint, manifest, loaders, states)))
+    states = [shared[i] if i in shared else state for i, state in enumerate(states)]
+
+    def validate() -> list[Any]:
+        refusal = _refusals.order_refusal(
+            states, lambda i, j: _refusals.fits(loaders[j], states[i]), lambda j: _refusals.describe(loaders[j]),
+            checkpoint,
+        )
+        if refusal is not None:
+            raise refusal
+        for index, (loader, state) in enumerate(zip(loaders, states)):
+            loader.validate_state(state, source=str(_files.state_file(checkpoint, index, ctx.rank)))
+        return states
+
+    return agree(ctx, validate)
+
+
+def _main_states(ctx: DistContext, checkpoint: Path, manifest: dict, loaders: Sequence[Any],
+                 own: list[Any]) -> dict[int, Any]:
+    """On the main process: loader index -> the state every rank takes (merged, or rank 0's); else ``{}``."""
+    if not ctx.is_main:
+        return {}
+    shared = {}
+    for index, loader in enumerate(loaders):
+        first = own[index] if own[index] is not None else _read(checkpoint, manifest, index, 0)
+        if loader.needs_all_ranks(first):
+            every = [first] + [_read(checkpoint, manifest, index, r) for r in range(1, manifest["world_size"])]
+            shared[index] = loader.merge_rank_states(every)
+        elif own[index] is None:
+            shared[index] = first
+    return shared
+
+
+def _read(checkpoint: Path, manifest: dict, index: int, rank: int) -> Any:
+    """Rank ``rank``'s state of loader ``index``, checked against the manifest, shape and topology."""
+    if rank not in manifest["ranks"]:
+        raise CheckpointError(
+            f"cannot resume {checkpoint} on another number of processes: that needs the state of every rank it "
+            f"was saved on (0 to {manifest['world_size'] - 1}), and this folder holds only ranks {manifest['ranks']} "
+            f"(each node or process saved into a folder of its own); resume it on {manifest['world_size']} "
+            "processes, each reading the folder it saved into (a resume on another number of processes needs a "
+            "checkpoint saved into a folder every process shares)"
+        )
+    source = str(_files.state_file(checkpoint, index, rank))
+    state = _files.read_loader_state(checkpoint, index, rank, manifest)
+    S.check_shape(state, source)
+    written = state[S.TOPOLOGY].get("world_size")
+    if written != manifest["world_size"]:
+        raise CheckpointError(
+            f"{source} was written by world_size={written}, but {checkpoint / _files.SUBDIR / _files.MANIFEST} "
+            f"says world_size={manifest['world_size']}; the checkpoint mixes files of different runs, resume from "
+            "another checkpoint"
+        )
+    return state
+
+
+def _check_loader_count(checkpoint: Path, manifest: dict, loaders: Sequence[Any]) -> None:
+    if manifest["num_loaders"] != len(loaders):
+        raise CheckpointError(
+            f"{checkpoint} holds {manifest['num_loaders']} loader states, this run prepared {len(loaders)} "
+            "stateful loaders; prepare the same loaders in the same order as the run that saved it"
+        )

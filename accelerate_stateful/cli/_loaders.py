@@ -1,0 +1,143 @@
+"""Map-style loaders rebuilt from a checkpoint alone, to answer "which samples" without the data.
+
+A saved shard (or dispatcher) state records everything its position means:
+batch size, dataset length, order kind, seed, ``drop_last``, ``even_batches``,
+``split_batches``, world size and rank. The command-line tool rebuilds the very
+loader classes training used, over the dataset ``range(dataset_length)`` (whose
+sample ``i`` is the index ``i``), and loads the state into them, so it validates,
+restores and lays out batches with the loader's own code and cannot disagree
+with a resumed run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Mapping, Optional
+
+import torch
+
+from ..checkpoint import _state as S
+from .._context import DistContext
+from ..position._order import EpochOrder, SequentialOrder, ShuffledOrder
+from ..loaders.batchsampler import BatchSamplerDataLoader
+from ..loaders.dispatch import DispatchDataLoader
+from ..errors import CheckpointError, StatefulLoaderError
+from ..loaders.iterable import IterableShardDataLoader
+from ..sources.roundrobin import RoundRobinLoader
+from ..loaders.shard import ShardDataLoader, _PlanBatchSampler
+
+# Every loader kind this release writes, by the mode its state records, and the name the tool shows.
+KINDS = {
+    ShardDataLoader.mode: "shard",
+    DispatchDataLoader.mode: "dispatcher",
+    IterableShardDataLoader.mode: "stream",
+    RoundRobinLoader.mode: "round-robin",
+    BatchSamplerDataLoader.mode: "batch-sampler",
+}
+_REPRODUCIBLE = {SequentialOrder.kind: SequentialOrder, ShuffledOrder.kind: ShuffledOrder}
+
+
+class NotAnswerable(StatefulLoaderError):
+    """The question cannot be answered from this checkpoint alone (a stream, a user's own sampler).
+
+    Raised to the command line only, which turns it into its own exit status.
+    """
+
+
+class RecordedOrder(EpochOrder):
+    """The epoch order a checkpoint names: drawn again for sequential and shuffled orders, never guessed."""
+
+    def __init__(self, kind: str, num_samples: int) -> None:
+        super().__init__(num_samples)
+        self.kind = kind
+
+    def indices(self, seed: int, epoch: int) -> torch.Tensor:
+        if self.kind not in _REPRODUCIBLE:
+            raise NotAnswerable(
+                f"the epoch order comes from the DataLoader's own sampler ({self.kind}), which a checkpoint does "
+                "not record; dataset indices can be listed only for sequential and shuffle=True loaders"
+            )
+        return _REPRODUCIBLE[self.kind](self.num_samples).indices(seed, epoch)
+
+
+def is_map_style(state: Mapping[str, Any]) -> bool:
+    """Whether the state is of a loader over a map-style dataset (each rank's shard, or the dispatcher's)."""
+    if state[S.MODE] == ShardDataLoader.mode:
+        return True
+    base = state.get(S.BASE)
+    reads_map = isinstance(base, Mapping) and base.get(S.MODE) == ShardDataLoader.mode
+    return state[S.MODE] == DispatchDataLoader.mode and reads_map
+
+
+def _shard(config: Mapping[str, Any], state: Mapping[str, Any], ctx: DistContext) -> ShardDataLoader:
+    try:
+        return ShardDataLoader(
+            range(config["dataset_length"]),
+            order=RecordedOrder(config["order"], config["num_samples"]),
+            batch_size=config["batch_size"], ctx=ctx, seed=state[S.SEED], seed_source=state[S.SEED_SOURCE],
+            drop_last=config["drop_last"], even_batches=config["even_batches"],
+            split_batches=config["split_batches"],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"the saved loader settings {dict(config)!r} are incomplete or invalid ({exc!r}); the file is damaged "
+            "or was edited by hand"
+        ) from None
+
+
+def fresh_loader(state: Mapping[str, Any], ctx: DistContext) -> Any:
+    """A loader with the settings ``state`` was saved with, on ``ctx``, at the start of epoch 0."""
+    if not is_map_style(state):
+        raise NotAnswerable(
+            f"this loader reads a stream (mode {state[S.MODE]!r}): a stream has no dataset indices to list; "
+            "samples answers only for map-style datasets"
+        )
+    if state[S.MODE] == ShardDataLoader.mode:
+        return _shard(state[S.CONFIG], state, ctx)
+    base = state[S.BASE]
+    reader = _shard(base[S.CONFIG], base, DistContext(0, 1))
+    config = state[S.CONFIG]
+    return DispatchDataLoader(reader, ctx, split_batches=config.get("split_batches", False),
+                              drop_last=config.get("drop_last", False))
+
+
+def with_reader(states: list, rank: int) -> Mapping[str, Any]:
+    """``rank``'s state; a dispatcher's with the main process's reader, which that rank receives from it."""
+    own = states[rank]
+    if own[S.MODE] == DispatchDataLoader.mode and states[0] is not None:
+        own = {**own, S.BASE: states[0][S.BASE]}
+    return own
+
+
+def restored_loader(states: list, rank: int, world_size: int) -> Any:
+    """The loader of ``rank`` of ``world_size`` resumed from every saved rank's ``states``, as ``load_state`` does.
+
+    On the saved world size each rank takes its own state; on another, the merged state of all.
+    """
+    ctx = DistContext(rank, world_size)
+    own = with_reader(states, rank if len(states) == world_size else 0)
+    loader = fresh_loader(own, ctx)
+    if len(states) != world_size and loader.needs_all_ranks(own):
+        own = loader.merge_rank_states(states)
+    loader.load_state_dict(own)
+    return loader
+
+
+def rank_batches(loader: Any, start: int, stop: Optional[int] = None) -> list[list[int]]:
+    """This rank's batches ``start`` to ``stop`` (exclusive; ``None``: the epoch's end), as dataset indices.
+
+    A shard loader's batches come from its own batch sampler over its plan (no sample is fetched); a
+    dispatcher is run over the index dataset, since its parts are cut from concatenated global batches.
+    """
+    if isinstance(loader, ShardDataLoader):
+        stop = len(loader) if stop is None else min(stop, len(loader))
+        if start >= stop:
+            return []
+        sampler = _PlanBatchSampler()
+        sampler.set_pass(loader._epoch_indices(), loader._plan, start, lambda step, indices: indices)
+        return list(itertools.islice(iter(sampler), stop - start))
+    if loader.batches_yielded != start:
+        loader._start_epoch(loader.epoch)  # from the epoch's start: a dispatcher's parts depend on its first step
+    skip = loader.batches_yielded
+    batches = iter(loader) if stop is None else itertools.islice(iter(loader), max(stop - skip, 0))
+    return [batch.tolist() for batch in batches][start - skip:]

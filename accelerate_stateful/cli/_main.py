@@ -1,0 +1,195 @@
+"""``accelerate-stateful``: look inside a checkpoint's loader state (also ``python -m accelerate_stateful``).
+
+Commands: ``inspect``, ``verify``, ``samples``, ``diff`` (see ``docs/cli.md``). Exit codes:
+
+==  ==========================================================================
+0   done; for ``inspect`` and ``verify``: the checkpoint is complete and intact
+1   the checkpoint is incomplete or damaged: ``verify`` prints each problem with
+    its file and the fix; ``inspect`` prints what it could read, and the first
+    problem on stderr
+2   bad arguments, or a loader, rank or step the checkpoint does not have
+3   the input cannot be read: a missing path, a folder that is not a checkpoint,
+    a format written by a newer release, a loader state a resume would refuse,
+    ``samples`` of an incomplete checkpoint
+4   the question does not apply to this loader (``samples`` of a stream, or of
+    an order drawn by a user's own sampler)
+==  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..checkpoint import _state as S
+from ._diff import diff_reports, format_diff
+from ._loaders import NotAnswerable, rank_batches, restored_loader
+from ._read import Problem, UnreadableCheckpoint, open_checkpoint
+from ._report import SCHEMA_VERSION, describe, format_report
+from ..errors import StatefulLoaderError
+
+OK, PROBLEMS, USAGE, UNREADABLE, NOT_APPLICABLE = 0, 1, 2, 3, 4
+
+
+class _UsageError(Exception):
+    """A loader, rank or step that the checkpoint does not have."""
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except _UsageError as exc:
+        return _fail(str(exc), USAGE)
+    except NotAnswerable as exc:
+        return _fail(str(exc), NOT_APPLICABLE)
+    except StatefulLoaderError as exc:  # UnreadableCheckpoint, and a state the loader itself refuses
+        return _fail(str(exc), UNREADABLE)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as the Python docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"accelerate-stateful: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accelerate-stateful", description="Look inside the loader state of an accelerate-stateful checkpoint.",
+        epilog="exit codes: 0 ok, 1 incomplete or damaged checkpoint, 2 bad arguments, 3 unreadable input, "
+               "4 question does not apply to this loader",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    inspect = commands.add_parser("inspect", help="completeness, versions, topology and every loader's position")
+    inspect.add_argument("checkpoint", type=Path, metavar="CKPT")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON (schema in docs/cli.md)")
+    inspect.set_defaults(run=_inspect)
+    verify = commands.add_parser("verify", help="exit 0 only if the checkpoint is complete and intact")
+    verify.add_argument("checkpoint", type=Path, metavar="CKPT")
+    verify.set_defaults(run=_verify)
+    samples = commands.add_parser("samples", help="dataset indices a rank consumed, reads next, or reads at a step")
+    samples.add_argument("checkpoint", type=Path, metavar="CKPT")
+    samples.add_argument("--loader", type=int, default=0, metavar="I", help="which prepared loader (default 0)")
+    samples.add_argument("--rank", type=int, metavar="R", help="one rank (default: every rank)")
+    what = samples.add_mutually_exclusive_group(required=True)
+    what.add_argument("--consumed", action="store_true", help="batches taken in the checkpoint's epoch")
+    what.add_argument("--remaining", action="store_true", help="batches a resume reads in the rest of the epoch")
+    what.add_argument("--step", type=int, metavar="N", help="the rank's batch number N of the epoch (from 0)")
+    samples.add_argument("--world-size", type=int, metavar="W",
+                         help="with --remaining: what each of W processes reads after an elastic resume")
+    samples.add_argument("--json", action="store_true", help="print the batches as JSON")
+    samples.set_defaults(run=_samples)
+    diff = commands.add_parser("diff", help="what changed between two checkpoints of a run")
+    diff.add_argument("a", type=Path, metavar="CKPT_A")
+    diff.add_argument("b", type=Path, metavar="CKPT_B")
+    diff.add_argument("--json", action="store_true", help="print the changes as JSON")
+    diff.set_defaults(run=_diff)
+    return parser
+
+
+def _print(value: object, as_json: bool, text: str) -> None:
+    print(json.dumps(value, indent=1, sort_keys=True) if as_json else text)
+
+
+# --------------------------------------------------------------------------- commands
+def _inspect(args: argparse.Namespace) -> int:
+    ckpt = open_checkpoint(args.checkpoint)
+    report = describe(ckpt)
+    _print(report, args.json, format_report(report))
+    if not ckpt.complete:  # what could be read is shown; the status says a resume would refuse it
+        return _fail(f"{ckpt.path} is incomplete or damaged: {ckpt.problems[0].message}", PROBLEMS)
+    return OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    ckpt = open_checkpoint(args.checkpoint)
+    if ckpt.complete:
+        try:
+            describe(ckpt)  # every state resumed into its loader: the checks a resume makes
+        except UnreadableCheckpoint as exc:
+            ckpt.problems.append(Problem(None, str(exc)))
+    if not ckpt.complete:
+        for problem in ckpt.problems:
+            print(f"PROBLEM {problem.file or ckpt.path}: {' '.join(problem.message.split())}")
+        print(f"INCOMPLETE {ckpt.path}: {len(ckpt.problems)} problem(s); resume from another checkpoint "
+              "(accelerator.resume() skips incomplete ones)")
+        return PROBLEMS
+    files = len(ckpt.manifest["files"])
+    print(f"OK {ckpt.path}: complete, {files} files match the manifest (world size {ckpt.world_size}, "
+          f"{ckpt.num_loaders} loader(s))")
+    return OK
+
+
+def _diff(args: argparse.Namespace) -> int:
+    a, b = open_checkpoint(args.a), open_checkpoint(args.b)
+    change = diff_reports(describe(a), describe(b))
+    _print(change, args.json, format_diff(change))
+    broken = next((c for c in (a, b) if not c.complete), None)
+    if broken is not None:  # compared as far as it could be read; a resume would refuse it
+        return _fail(f"{broken.path} is incomplete or damaged: {broken.problems[0].message}", PROBLEMS)
+    return OK
+
+
+def _samples(args: argparse.Namespace) -> int:
+    ckpt = open_checkpoint(args.checkpoint)
+    if not ckpt.complete:
+        raise UnreadableCheckpoint(
+            f"{ckpt.path} is incomplete ({ckpt.problems[0].message}); a resume never reads it, so its samples "
+            "mean nothing: run 'accelerate-stateful verify' on it, or pick another checkpoint"
+        )
+    if not 0 <= args.loader < ckpt.num_loaders:
+        raise _UsageError(f"--loader {args.loader}: the checkpoint has {ckpt.num_loaders} loader(s), numbered from 0")
+    states = ckpt.rank_states(args.loader)
+    world = ckpt.world_size if args.world_size is None else args.world_size
+    if world < 1 or (world != ckpt.world_size and not args.remaining):
+        raise _UsageError(f"--world-size {world} needs --remaining and a count of at least 1: after an elastic "
+                          "resume nothing is consumed yet, only the rest of the epoch is read")
+    ranks = range(world) if args.rank is None else [args.rank]
+    if not all(0 <= r < world for r in ranks):
+        raise _UsageError(f"--rank {args.rank}: the {'resumed run' if args.world_size else 'checkpoint'} has "
+                          f"{world} rank(s), numbered from 0")
+    found = [_rank_samples(states, r, world, args) for r in ranks]
+    out = {"schema_version": SCHEMA_VERSION, "checkpoint": str(ckpt.path), "loader": args.loader,
+           "epoch": states[0][S.EPOCH], "world_size": world, "elastic": world != ckpt.world_size,
+           "ranks": found}
+    _print(out, args.json, _format_samples(out))
+    return OK
+
+
+def _rank_samples(states: list, rank: int, world: int, args: argparse.Namespace) -> dict:
+    """One rank's batches for the question asked, from the loader rebuilt and resumed from the checkpoint."""
+    loader = restored_loader(states, rank, world)
+    taken, total = loader.batches_yielded, len(loader)
+    if args.step is not None and not 0 <= args.step < total:
+        raise _UsageError(f"--step {args.step}: rank {rank} has {total} batches in epoch {loader.epoch} "
+                          f"(steps 0 to {total - 1})")
+    if args.consumed:
+        start, stop = 0, taken
+    elif args.remaining:
+        start, stop = taken, None
+    else:
+        start, stop = args.step, args.step + 1
+    batches = rank_batches(loader, start, stop)
+    origin = states[rank].get(S.STRIPE_ORIGIN, 0) if world == len(states) else 0
+    return {"rank": rank, "batches_taken": taken, "batches_in_epoch": total, "stripe_origin": origin,
+            "batches": [{"step": start + k, "indices": b} for k, b in enumerate(batches)]}
+
+
+def _format_samples(out: dict) -> str:
+    lines = []
+    for rank in out["ranks"]:
+        elastic = " after an elastic resume" if out["elastic"] else ""
+        lines.append(f"# loader {out['loader']}, rank {rank['rank']} of {out['world_size']}{elastic}, epoch "
+                     f"{out['epoch']}: {rank['batches_taken']} of {rank['batches_in_epoch']} batches taken")
+        if rank["stripe_origin"]:
+            lines.append(f"# steps count from sample {rank['stripe_origin']} of the epoch: the samples before it "
+                         "were taken on another number of processes")
+        lines += [f"step {b['step']}: {' '.join(map(str, b['indices']))}" for b in rank["batches"]]
+    return "\n".join(lines)

@@ -1,0 +1,220 @@
+"""Reading a checkpoint for the command-line tool: what is there, and everything wrong with it.
+
+Loading refuses a checkpoint at its first problem; a person looking at one wants
+to see all of them, and to see what an incomplete checkpoint does hold. This
+module reads through the package's own functions (``_files``, ``_state``), so
+every problem is reported in the words a resume would use, and nothing is
+ever unpickled (Accelerate's ``.pkl`` files are never opened).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..checkpoint import _files
+from ..checkpoint import _state as S
+from ._loaders import KINDS
+from ..loaders.dispatch import DispatchDataLoader
+from ..errors import CheckpointError, UnsupportedConfigError
+
+_LOADER_FILE = re.compile(r"^loader_(\d+)\.rank_(\d+)\.json$")
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """The input cannot be read as a checkpoint at all; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a checkpoint: the file it concerns (relative, or ``None``) and the message."""
+
+    file: Optional[str]
+    message: str
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint folder holds, read without trusting it.
+
+    Attributes:
+        path: The checkpoint folder.
+        manifest: The parsed manifest, or ``None`` when it is missing or unreadable.
+        world_size: From the manifest, else the ranks found on disk.
+        num_loaders: From the manifest, else the loaders found on disk.
+        states: ``{(loader, rank): state}`` of every loader file that could be read and checked.
+        problems: Everything that makes the checkpoint incomplete or damaged; empty when it is sound.
+    """
+
+    path: Path
+    manifest: Optional[dict] = None
+    world_size: int = 0
+    num_loaders: int = 0
+    states: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+    def rank_states(self, loader: int) -> list[Any]:
+        """Every saved rank's state of ``loader``, in rank order; raises if one could not be read."""
+        missing = [r for r in range(self.world_size) if (loader, r) not in self.states]
+        if missing:
+            found = next((p.message for p in self.problems if p.file and f"loader_{loader}.rank_" in p.file), None)
+            raise UnreadableCheckpoint(
+                found or f"{self.path}: loader {loader} has no readable state for rank(s) {missing}; "
+                "resume from another checkpoint"
+            )
+        return [self.states[(loader, r)] for r in range(self.world_size)]
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """Read ``path`` as a checkpoint; raises :class:`UnreadableCheckpoint` when it is not one at all."""
+    path = Path(path)
+    _refuse_non_checkpoint(path)
+    ckpt = Checkpoint(path)
+    _read_manifest(ckpt)
+    found = _loader_files(path)
+    if ckpt.manifest is None:
+        ckpt.world_size = 1 + max((rank for _, rank in found), default=-1)
+        ckpt.num_loaders = 1 + max((loader for loader, _ in found), default=-1)
+    for loader in range(ckpt.num_loaders):
+        for rank in range(ckpt.world_size):
+            _read_state(ckpt, loader, rank)
+    return ckpt
+
+
+def _refuse_non_checkpoint(path: Path) -> None:
+    if not path.exists():
+        raise UnreadableCheckpoint(f"{path} does not exist; pass the folder save_state() wrote")
+    if not path.is_dir():
+        raise UnreadableCheckpoint(f"{path} is a file, not a checkpoint folder; pass the folder save_state() wrote")
+    if (path / _files.SUBDIR).is_dir():
+        return
+    newest = _files.latest_checkpoint(path)
+    hint = (f"; it holds checkpoint folders, pass one of them, e.g. {newest} (the newest complete one)"
+            if newest is not None else "")
+    raise UnreadableCheckpoint(
+        f"{path} is not an accelerate-stateful checkpoint: it has no {_files.SUBDIR}/ folder (was it saved by "
+        f"accelerate_stateful.Accelerator with use_stateful_dataloader=True?){hint}"
+    )
+
+
+def _read_manifest(ckpt: Checkpoint) -> None:
+    """Parse the manifest and check every file it lists, collecting each problem (the package stops at one)."""
+    rel = f"{_files.SUBDIR}/{_files.MANIFEST}"
+    try:
+        _files.read_manifest(ckpt.path)
+        first = None
+    except CheckpointError as exc:
+        first = Problem(rel, str(exc))
+    manifest = _parse_manifest(ckpt.path / rel)
+    if manifest is None:
+        ckpt.problems.append(first or Problem(rel, f"{ckpt.path / rel} is damaged; resume from an earlier checkpoint"))
+        return
+    version = manifest.get("manifest_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        ckpt.problems.append(Problem(rel, (
+            f"{ckpt.path / rel} has no valid manifest_version ({version!r}); the file is damaged, resume from an "
+            "earlier checkpoint")))
+        return
+    if version > _files.MANIFEST_VERSION:
+        raise UnreadableCheckpoint(
+            f"{ckpt.path / rel} has manifest_version={version!r}, this accelerate-stateful reads up to "
+            f"{_files.MANIFEST_VERSION}; it was written by a newer release: upgrade accelerate-stateful to read it"
+        )
+    ckpt.manifest = manifest
+    ckpt.world_size, ckpt.num_loaders = int(manifest["world_size"]), int(manifest["num_loaders"])
+    if first is not None:
+        _check_listed_files(ckpt, manifest["files"])
+        if not ckpt.problems:
+            ckpt.problems.append(first)
+    for name in _unlisted(ckpt.path, manifest["files"]):
+        ckpt.problems.append(Problem(name, (
+            f"{ckpt.path / name} is not listed in the manifest: it was added after the save or belongs to "
+            "another one; remove it, or resume from another checkpoint")))
+
+
+def _check_listed_files(ckpt: Checkpoint, files: dict) -> None:
+    """Every listed file's problem, in the words of the package's own check (which stops at the first)."""
+    for name, entry in files.items():
+        try:
+            _files._check_file(ckpt.path, name, entry)
+        except CheckpointError as exc:
+            ckpt.problems.append(Problem(name, str(exc)))
+
+
+def _parse_manifest(path: Path) -> Optional[dict]:
+    """The manifest's JSON when it has the fields every version has, else ``None`` (the problem is recorded)."""
+    try:
+        manifest = json.loads(path.read_text("utf-8"), parse_constant=_files._reject_constant)
+        int(manifest["world_size"]), int(manifest["num_loaders"])
+        if not all(isinstance(entry, dict) for entry in dict(manifest["files"]).values()):
+            return None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return manifest
+
+
+def _unlisted(checkpoint: Path, listed: dict) -> list[str]:
+    """Files of our own folder that the manifest does not list (temporary files of a save excepted)."""
+    own = checkpoint / _files.SUBDIR
+    names = (p.relative_to(checkpoint).as_posix() for p in sorted(own.iterdir()) if p.is_file())
+    return [n for n in names if n not in listed and not Path(n).name.startswith(".")
+            and n != f"{_files.SUBDIR}/{_files.MANIFEST}"]
+
+
+def _loader_files(checkpoint: Path) -> list[tuple[int, int]]:
+    found = (_LOADER_FILE.match(p.name) for p in (checkpoint / _files.SUBDIR).iterdir())
+    return [(int(m.group(1)), int(m.group(2))) for m in found if m]
+
+
+def _read_state(ckpt: Checkpoint, loader: int, rank: int) -> None:
+    """Read and check one rank's state as a resume would; a problem is recorded, a future format refused."""
+    path = _files.state_file(ckpt.path, loader, rank)
+    rel = path.relative_to(ckpt.path).as_posix()
+    try:
+        state = _files.read_loader_state(ckpt.path, loader, rank)
+        S.check_shape(state, str(path))
+    except UnsupportedConfigError as exc:
+        if _from_future(state):
+            raise UnreadableCheckpoint(str(exc)) from None
+        _add_problem(ckpt, Problem(rel, str(exc)))
+        return
+    except CheckpointError as exc:
+        _add_problem(ckpt, Problem(rel, str(exc)))
+        return
+    _refuse_unknown_modes(state, path)
+    written = state[S.TOPOLOGY].get("world_size")
+    if written != ckpt.world_size:
+        ckpt.problems.append(Problem(rel, (
+            f"{path} was written by world_size={written}, but the checkpoint has {ckpt.world_size} ranks; it mixes "
+            "files of different runs, resume from another checkpoint")))
+        return
+    ckpt.states[(loader, rank)] = state
+
+
+def _add_problem(ckpt: Checkpoint, problem: Problem) -> None:
+    """Record a file's problem unless the manifest check already named that file (once per file is enough)."""
+    if all(p.file != problem.file for p in ckpt.problems):
+        ckpt.problems.append(problem)
+
+
+def _from_future(state: Any) -> bool:
+    version = state.get(S.VERSION) if isinstance(state, dict) else None
+    return isinstance(version, int) and not isinstance(version, bool) and version > S.FORMAT_VERSION
+
+
+def _refuse_unknown_modes(state: dict, path: Path) -> None:
+    """A loader kind this release does not know was written by a newer one (or a dispatcher's reader was)."""
+    reader = state.get(S.BASE) if state[S.MODE] == DispatchDataLoader.mode else None
+    for mode in (state[S.MODE], reader.get(S.MODE) if isinstance(reader, dict) else None):
+        if mode is not None and mode not in KINDS:
+            raise UnreadableCheckpoint(
+                f"{path} holds a loader of the unknown mode {mode!r} (this release knows {sorted(KINDS)}); it was "
+                "written by a newer release: upgrade accelerate-stateful to read it"
+            )

@@ -1,0 +1,158 @@
+"""What a checkpoint says, as a stable JSON-able report (``inspect --json``; fields in ``docs/cli.md``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ..checkpoint import _state as S
+from ._loaders import KINDS, is_map_style, restored_loader, with_reader
+from ._read import Checkpoint, UnreadableCheckpoint
+from ..loaders.dispatch import DispatchDataLoader
+from ..errors import StatefulLoaderError
+from ..loaders.iterable import STREAM, IterableShardDataLoader
+from ..sources.roundrobin import SOURCE, RoundRobinLoader
+from ..sources.sharded import merge_positions
+
+SCHEMA_VERSION = 1
+_LOGICAL = {"positions", "done", "next"}  # the keys of a LogicalShardStream's state
+
+
+def describe(ckpt: Checkpoint) -> dict:
+    """The report of a checkpoint: completeness and why, versions, topology, every loader on every rank."""
+    manifest = ckpt.manifest or {}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "checkpoint": str(ckpt.path),
+        "complete": ckpt.complete,
+        "problems": [{"file": p.file, "message": p.message} for p in ckpt.problems],
+        "manifest_version": manifest.get("manifest_version"),
+        "world_size": ckpt.world_size,
+        "num_loaders": ckpt.num_loaders,
+        "loaders": [_loader(ckpt, index) for index in range(ckpt.num_loaders)],
+    }
+
+
+def _loader(ckpt: Checkpoint, index: int) -> dict:
+    states = [ckpt.states.get((index, rank)) for rank in range(ckpt.world_size)]
+    present = [s for s in states if s is not None]
+    first = present[0] if present else None
+    reader = _reader_state(states)
+    return {
+        "loader": index,
+        "kind": KINDS[first[S.MODE]] if first else None,
+        "reads": KINDS.get(reader[S.MODE]) if reader is not None else None,
+        "format_version": first[S.VERSION] if first else None,
+        "config": dict(first[S.CONFIG]) if first else None,
+        "ranks": [_rank(ckpt, index, states, rank) for rank, s in enumerate(states) if s is not None],
+    }
+
+
+def _reader_state(states: list) -> Optional[Mapping[str, Any]]:
+    """A dispatcher's reader (saved by the main process only), else ``None``."""
+    main = states[0] if states else None
+    if main is None or main[S.MODE] != DispatchDataLoader.mode or not isinstance(main.get(S.BASE), Mapping):
+        return None
+    return main[S.BASE]
+
+
+def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
+    state = states[rank]
+    row = {
+        "rank": rank,
+        "epoch": state[S.EPOCH],
+        "batches_taken": state[S.BATCHES_YIELDED],
+        "batches_in_epoch": None,
+        "epoch_fraction": None,
+        "samples_consumed": None,
+        "workers": state[S.TOPOLOGY].get("num_workers"),
+        "seed": state[S.SEED],
+        "seed_source": state[S.SEED_SOURCE],
+        "logical_shards": None,
+        "replayed_samples": None,
+    }
+    if is_map_style(with_reader(states, rank)):
+        row.update(_map_position(ckpt, index, states, rank))
+        return row
+    position = _reader_state(states) or state
+    try:
+        if position[S.MODE] == IterableShardDataLoader.mode:
+            row.update(_stream_position(position))
+        elif position[S.MODE] == RoundRobinLoader.mode:
+            source = position.get(SOURCE)
+            row["replayed_samples"] = source["items"] if isinstance(source, Mapping) and "items" in source else 0
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UnreadableCheckpoint(
+            f"{ckpt.path}: loader {index}, rank {rank}: the stream position is damaged ({exc!r}); resume from "
+            "another checkpoint"
+        ) from None
+    return row
+
+
+def _map_position(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
+    """Length, progress and samples of a map-style loader, from the loader rebuilt and resumed from the state."""
+    try:
+        loader = restored_loader(states, rank, len(states))
+    except StatefulLoaderError as exc:
+        raise UnreadableCheckpoint(f"{ckpt.path}: loader {index}, rank {rank}: {exc}") from None
+    shard = _reader_state(states) or states[rank]
+    return {
+        "batches_in_epoch": len(loader),
+        "epoch_fraction": loader.progress(),
+        "samples_consumed": shard[S.SAMPLES_CONSUMED],
+    }
+
+
+def _stream_position(state: Mapping[str, Any]) -> dict:
+    stream = state[STREAM]
+    snapshots = [s for s in stream["snapshots"] if s is not None]
+    found: dict = {"workers_taken": list(stream["taken"])}
+    datasets = [s.get("dataset") for s in snapshots]
+    if stream["stateful"] and datasets and all(isinstance(d, Mapping) and set(d) == _LOGICAL for d in datasets):
+        merged = merge_positions(snapshots)
+        found["logical_shards"] = {"positions": merged["positions"], "done": merged["done"]}
+    # What a resume reads again and drops: the items each unfinished reader had read (as the loader counts it).
+    found["replayed_samples"] = 0 if stream["stateful"] else sum(s["items"] for s in snapshots if not s["ended"])
+    return found
+
+
+# --------------------------------------------------------------------------- human output
+_COLUMNS = (("rank", "rank"), ("epoch", "epoch"), ("batches_taken", "taken"), ("batches_in_epoch", "of"),
+            ("epoch_fraction", "%"), ("samples_consumed", "samples"), ("workers", "workers"),
+            ("replayed_samples", "replayed"), ("seed", "seed"), ("seed_source", "seed from"))
+
+
+def format_report(report: dict) -> str:
+    """A compact table per loader."""
+    state = "yes" if report["complete"] else "NO"
+    lines = [
+        f"checkpoint  {report['checkpoint']}",
+        f"complete    {state} (manifest version {report['manifest_version']}, world size {report['world_size']}, "
+        f"{report['num_loaders']} loader(s))",
+    ]
+    lines += [f"  problem: {p['message']}" for p in report["problems"]]
+    for loader in report["loaders"]:
+        reads = f" reading {loader['reads']}" if loader["reads"] else ""
+        config = ", ".join(f"{k}={v}" for k, v in sorted((loader["config"] or {}).items()))
+        lines += ["", f"loader {loader['loader']}: {loader['kind']}{reads} (format {loader['format_version']}) "
+                      f"{config}"]
+        lines += _table([[_cell(key, row[key]) for key, _ in _COLUMNS] for row in loader["ranks"]])
+        for row in loader["ranks"]:
+            shards = row.get("logical_shards")
+            if shards:
+                where = " ".join(f"{i}@{p}" for i, p in sorted(shards["positions"].items(), key=lambda kv: int(kv[0])))
+                lines.append(f"  rank {row['rank']} logical shards: {where or '-'}; done {shards['done'] or '-'}")
+    return "\n".join(lines)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "epoch_fraction":
+        return f"{100 * value:.1f}"
+    return str(value)
+
+
+def _table(rows: list) -> list:
+    header = [title for _, title in _COLUMNS]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]

@@ -1,0 +1,1 @@
+"""Integrations with trainers built on Accelerate: the Hugging Face Trainer and any subclass (TRL)."""

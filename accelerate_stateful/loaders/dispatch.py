@@ -1,0 +1,281 @@
+"""The dispatcher: the main process reads global batches and hands each rank its slice."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import torch
+from accelerate.utils import concatenate, find_batch_size, slice_tensors
+from torch.utils.data import DataLoader, IterableDataset
+
+from ..checkpoint import _state as S
+from ._adapter import DataLoaderAdapter
+from .._context import DistContext
+from ..errors import UnsupportedConfigError
+
+FIRST = "first_samples"
+# After a resume on another number of processes, where this epoch's steps of the new size began: the reader's
+# batches taken then, and the steps counted for them. (0, 0) in an epoch started at this size.
+ORIGIN = "step_origin"
+
+
+class DispatchDataLoader(DataLoaderAdapter):
+    """Reads on the main process only and sends each rank its part, exactly as Accelerate's dispatcher.
+
+    Without ``split_batches`` a step concatenates ``world_size`` batches of the
+    user's loader and rank ``r`` takes the ``r``-th part; with it, one batch is
+    cut in ``world_size`` parts. A last step that does not divide evenly is
+    completed with the epoch's first samples unless ``drop_last``. The position
+    lives in one place: the *reader* (this package's loader for one process,
+    over the user's dataset) on the main process, whose state is nested under
+    ``base``. Its reads ahead are committed only when the step they belong to
+    reaches the training loop, so a checkpoint records what the loop took.
+
+    Without a process group (one process, or ranks simulated in a test) every
+    rank runs the reader itself and takes its own slice, which yields the same
+    batches.
+
+    Examples:
+        >>> accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(
+        ...     use_stateful_dataloader=True, dispatch_batches=True))      # doctest: +SKIP
+        >>> dl = accelerator.prepare(DataLoader(stream, batch_size=8))     # doctest: +SKIP
+    """
+
+    mode = "dispatch"
+
+    def __init__(
+        self,
+        reader: DataLoaderAdapter,
+        ctx: DistContext,
+        *,
+        split_batches: bool = False,
+        drop_last: bool = False,
+        slice_fn: Optional[Callable] = None,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+    ) -> None:
+        if split_batches and (reader.batch_size is None or reader.batch_size % ctx.world_size != 0):
+            raise UnsupportedConfigError(
+                f"split_batches=True needs a batch_size divisible by the number of processes: "
+                f"batch_size={reader.batch_size}, processes={ctx.world_size}; change one of them"
+            )
+        super().__init__(
+            reader.unwrap(), ctx, seed=reader.seed, seed_source=reader.seed_source, device=device,
+            non_blocking=non_blocking,
+        )
+        self._reader = reader
+        self._split_batches = split_batches
+        self._drop_last = drop_last
+        self._slice_fn = slice_fn or slice_tensors
+        self._steps = 0
+        self._step_origin = (0, 0)
+        self._first: Any = None
+
+    @classmethod
+    def from_dataloader(
+        cls,
+        dataloader: DataLoader,
+        ctx: Optional[DistContext] = None,
+        *,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        split_batches: bool = False,
+        data_seed: Optional[int] = None,
+        slice_fn: Optional[Callable] = None,
+    ) -> "DispatchDataLoader":
+        """Build the dispatcher that replaces a user's ``DataLoader`` in ``prepare``."""
+        from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
+        from .iterable import IterableShardDataLoader
+        from ..sources.roundrobin import RoundRobinDataset, RoundRobinLoader
+        from .shard import ShardDataLoader
+
+        ctx = ctx if ctx is not None else DistContext.detect()
+        alone = DistContext(0, 1)
+        if isinstance(dataloader.dataset, RoundRobinDataset):
+            reader = RoundRobinLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        elif isinstance(dataloader.dataset, IterableDataset):
+            reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        elif uses_batch_sampler(dataloader):
+            reader = BatchSamplerDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        else:
+            reader = ShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+        if ctx.world_size > 1 and reader.seed_source == "drawn":
+            reader._seed = ctx.broadcast(reader.seed)
+        return cls(
+            reader, ctx, split_batches=split_batches, drop_last=dataloader.drop_last, slice_fn=slice_fn,
+            device=device, non_blocking=non_blocking,
+        )
+
+    # ----------------------------------------------------------------- forwarded by name
+    @property
+    def dataset(self) -> Any:
+        return self._reader.dataset
+
+    @property
+    def batch_size(self) -> int:
+        return self._reader.batch_size // self.ctx.world_size if self._split_batches else self._reader.batch_size
+
+    @property
+    def total_batch_size(self) -> int:
+        return self._reader.batch_size if self._split_batches else self._reader.batch_size * self.ctx.world_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._drop_last
+
+    @property
+    def reader(self) -> DataLoaderAdapter:
+        """The loader that reads the data on the main process."""
+        return self._reader
+
+    def __len__(self) -> int:
+        read, steps = self._step_origin
+        return steps + self._steps_for(len(self._reader) - read)
+
+    @property
+    def _group(self) -> int:
+        """The reader's batches one step takes."""
+        return 1 if self._split_batches else self.ctx.world_size
+
+    def _steps_for(self, reader_batches: int) -> int:
+        return reader_batches // self._group if self._drop_last else -(-reader_batches // self._group)
+
+    # ----------------------------------------------------------------- position hooks
+    @property
+    def _reads(self) -> bool:
+        return self.ctx.is_main or not self.ctx.is_collective
+
+    def _batches(self) -> Iterator[Any]:
+        group = self._group
+        source = self._reader._open_pass() if self._reads else None
+        current = self._step_from(source, group)
+        while current is not None:
+            upcoming = self._step_from(source, group)
+            tokens, batch = current
+            last = upcoming is None
+            part = self._part(batch, last)
+            for token in tokens:
+                self._reader._commit(token)
+            self._steps += 1
+            self.end_of_dataloader = last
+            yield part
+            current = upcoming
+
+    def _step_from(self, source: Optional[Iterator], group: int) -> Optional[tuple[list, Any]]:
+        """The next global batch (and the reader tokens it consumes), agreed on by every rank."""
+        found = None
+        if source is not None:
+            taken = [pair for _, pair in zip(range(group), source)]
+            complete = len(taken) == group or (taken and not self._drop_last)
+            if complete:
+                tokens = [token for token, _ in taken]
+                found = (tokens, concatenate([batch for _, batch in taken], dim=0))
+        if not self.ctx.is_collective:
+            return found
+        return _broadcast_step(found, self.ctx, self.device)
+
+    def _part(self, batch: Any, last: bool) -> Any:
+        """This rank's slice of a global batch, completed with the epoch's first samples at the end."""
+        world, rank = self.ctx.world_size, self.ctx.rank
+        observed = find_batch_size(batch)
+        per_rank = observed // world
+        if not self._drop_last and self._first is None:
+            self._first = self._slice_fn(batch, slice(0, world), process_index=rank, num_processes=world)
+        if last:
+            self.remainder = observed
+            if not self._drop_last and observed % world != 0:
+                first = self._first
+                while find_batch_size(first) < world:  # saved on fewer processes: repeat it
+                    first = concatenate([first, first], dim=0)
+                batch = concatenate([batch, first], dim=0)
+                per_rank += 1
+        part = self._slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank), process_index=rank,
+                              num_processes=world)
+        return self._place(part)
+
+    def _batches_taken(self) -> int:
+        return self._steps
+
+    def _position_state(self) -> dict:
+        return {S.BATCHES_YIELDED: self._steps, FIRST: self._first, ORIGIN: list(self._step_origin)}
+
+    def _base_state(self) -> Any:
+        return self._reader.state_dict() if self._reads else None
+
+    def _config(self) -> dict:
+        reader = self._reader._config()
+        return {**reader, "split_batches": self._split_batches, "drop_last": self._drop_last}
+
+    def _remainder(self) -> int:
+        try:
+            return len(self.dataset) % self.total_batch_size
+        except TypeError:
+            return -1
+
+    def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
+        where = f" in {source}" if source else ""
+        saved = state_dict[S.TOPOLOGY]
+        if saved.get("world_size") == self.ctx.world_size and saved.get("rank") != self.ctx.rank:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
+                f"{self.ctx.rank}; load each rank's own state"
+            )
+        if self._split_batches and self._reader.batch_size % saved.get("world_size", 1) != 0:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another "
+                "checkpoint"
+            )
+        base = state_dict.get(S.BASE)
+        if self._reads or saved.get("world_size") != self.ctx.world_size:
+            if not isinstance(base, Mapping):
+                raise UnsupportedConfigError(
+                    f"cannot resume{where}: the main process's state has no reader state under '{S.BASE}'; "
+                    "the file is damaged or belongs to another rank, resume from another checkpoint"
+                )
+            self._reader.validate_state(base, source)
+
+    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        if self._reads:
+            self._reader.load_state_dict(state_dict[S.BASE])
+        self._steps = state_dict[S.BATCHES_YIELDED]
+        self._step_origin = tuple(state_dict.get(ORIGIN) or (0, 0))
+        if state_dict[S.TOPOLOGY]["world_size"] != self.ctx.world_size:
+            # Elastic: the reader's position is unchanged; what was taken counts in steps of the new size, and
+            # the rest of the epoch is cut in steps of the new size from there (so len() counts both).
+            read = state_dict[S.BASE][S.BATCHES_YIELDED]
+            self._steps = -(-read // self._group)
+            self._step_origin = (read, self._steps)
+        self._first = state_dict.get(FIRST)
+
+    def _rewind(self) -> None:
+        self._steps = 0
+        self._step_origin = (0, 0)
+        self._first = None
+        self._reader._start_epoch(self._epoch)
+
+    def _seek(self, num_batches: int) -> None:
+        self._refuse_past_end(num_batches)
+        read, steps = self._step_origin
+        if num_batches < steps:
+            # Before the steps of this size began: counted as if the whole epoch had run at this size.
+            read, steps = self._step_origin = (0, 0)
+        if self._reads:
+            self._reader.seek(min(read + (num_batches - steps) * self._group, len(self._reader)))
+        self._steps = num_batches
+
+
+def _broadcast_step(found: Optional[tuple[list, Any]], ctx: DistContext, device: Optional[torch.device]) -> Any:
+    """Send the main process's global batch (or the end of the epoch) to every rank."""
+    from accelerate.utils import broadcast, get_data_structure, initialize_tensors, send_to_device
+
+    info = [None if found is None else get_data_structure(found[1])]
+    info = ctx.broadcast(info[0])
+    if info is None:
+        return None
+    if ctx.is_main:
+        tokens, batch = found
+    else:
+        tokens, batch = [], initialize_tensors(info)
+    if device is not None:
+        batch = send_to_device(batch, device)
+    return tokens, broadcast(batch, from_process=0)

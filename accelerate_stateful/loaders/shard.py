@@ -1,0 +1,331 @@
+"""The shard loader: each rank reads its own share of a map-style dataset."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Iterator, Mapping, Optional, Sized
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from ..checkpoint import _state as S
+from ._adapter import DataLoaderAdapter
+from .._context import DistContext
+from ..position._order import EpochOrder, choose_seed, mix_seed, order_for
+from ._ordered import require_in_order
+from ..training._rng import PipelineRNG
+from ..position._plan import ShardPlan
+from ..errors import UnsupportedConfigError
+
+logger = logging.getLogger(__name__)
+
+# DataLoader settings carried from the user's loader to the base loader, by name.
+LOADER_SETTINGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+_WORKER_SALT = 0x5EED
+
+
+class _PlanBatchSampler(Sampler[list[int]]):
+    """Feeds the base loader the index lists of one pass, from a start step on."""
+
+    def __init__(self) -> None:
+        self._indices = torch.empty(0, dtype=torch.int64)
+        self._plan: Optional[ShardPlan] = None
+        self._start = 0
+        self._tag: Any = None
+
+    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int, tag: Any) -> None:
+        """``tag(step, indices)`` is what the base loader receives for batch ``step`` (see ``_rng``)."""
+        self._indices, self._plan, self._start, self._tag = indices, plan, start, tag
+
+    def __iter__(self) -> Iterator[list[int]]:
+        indices, plan, tag = self._indices, self._plan, self._tag
+        n = plan.num_samples
+        for step in range(self._start, plan.num_batches):
+            start, stop = plan.batch_span(step)
+            if stop <= n:
+                yield tag(step, indices[start:stop].tolist())
+            else:
+                yield tag(step, indices[torch.arange(start, stop) % n].tolist())
+
+    def __len__(self) -> int:
+        return self._plan.num_batches - self._start if self._plan is not None else 0
+
+
+class ShardDataLoader(DataLoaderAdapter):
+    """Each rank reads its own batches of a map-style dataset, exactly as Accelerate shards it.
+
+    The epoch's order is a pure function of (seed, epoch); the position is the
+    number of samples all ranks together consumed in the epoch, from which this
+    rank's next batch is computed: resuming reads no sample it does not deliver,
+    and workers hold no position, so ``num_workers`` may change between runs.
+
+    Examples:
+        >>> dl = DataLoader(range(10), batch_size=2, shuffle=True)
+        >>> shard = ShardDataLoader.from_dataloader(dl, DistContext(rank=0, world_size=2))
+        >>> len(shard)
+        3
+    """
+
+    mode = "shard"
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        order: EpochOrder,
+        batch_size: int,
+        ctx: DistContext,
+        seed: int,
+        seed_source: str,
+        drop_last: bool = False,
+        even_batches: bool = True,
+        split_batches: bool = False,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        pipeline_rng: str = "auto",
+        **loader_settings: Any,
+    ) -> None:
+        if split_batches and batch_size % ctx.world_size != 0:
+            raise UnsupportedConfigError(
+                f"split_batches=True needs a batch_size divisible by the number of processes: "
+                f"batch_size={batch_size}, processes={ctx.world_size}; change one of them"
+            )
+        require_in_order(loader_settings)
+        self._sampler = _PlanBatchSampler()
+        self._worker_generator = torch.Generator()
+        base = DataLoader(dataset, batch_sampler=self._sampler, generator=self._worker_generator, **loader_settings)
+        super().__init__(base, ctx, seed=seed, seed_source=seed_source, device=device, non_blocking=non_blocking)
+        self._order = order
+        self._loader_batch_size = batch_size
+        self._drop_last = drop_last
+        self._even_batches = even_batches
+        self._split_batches = split_batches
+        self._plan = self._plan_from(0)
+        self._consumed = 0
+        self._cached_order: tuple[tuple[int, int], torch.Tensor] = ((-1, -1), torch.empty(0))
+        self._pipeline = PipelineRNG(pipeline_rng, self.num_workers, dataset)
+
+    @classmethod
+    def from_dataloader(
+        cls,
+        dataloader: DataLoader,
+        ctx: Optional[DistContext] = None,
+        *,
+        device: Optional[torch.device] = None,
+        non_blocking: bool = False,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        data_seed: Optional[int] = None,
+        pipeline_rng: str = "auto",
+    ) -> "ShardDataLoader":
+        """Build the shard loader that replaces a user's ``DataLoader`` in ``prepare``."""
+        ctx = ctx if ctx is not None else DistContext.detect()
+        dataset = dataloader.dataset
+        if isinstance(dataset, IterableDataset):
+            raise UnsupportedConfigError(
+                f"{type(dataset).__name__} is an IterableDataset, which the stateful shard loader does not "
+                "support yet; use a map-style dataset or set use_stateful_dataloader=False"
+            )
+        if dataloader.batch_size is None:
+            raise UnsupportedConfigError(
+                "the DataLoader has no batch_size, which the shard loader does not support; pass batch_size=..., "
+                "or, for your own batches, batch_sampler=... (prepared as BatchSamplerDataLoader)"
+            )
+        sampler = dataloader.sampler
+        if not isinstance(sampler, Sized):
+            raise UnsupportedConfigError(
+                f"the sampler {type(sampler).__name__} has no len(), so a position in its epoch cannot be "
+                "resumed; give it a __len__ or use a sampler that has one"
+            )
+        seed, seed_source = choose_seed(dataloader, data_seed, ctx)
+        settings = {name: getattr(dataloader, name) for name in LOADER_SETTINGS if hasattr(dataloader, name)}
+        return cls(
+            dataset,
+            order=order_for(sampler, len(dataset)),
+            batch_size=dataloader.batch_size,
+            ctx=ctx,
+            seed=seed,
+            seed_source=seed_source,
+            drop_last=dataloader.drop_last,
+            even_batches=even_batches,
+            split_batches=split_batches,
+            device=device,
+            non_blocking=non_blocking,
+            pipeline_rng=pipeline_rng,
+            **settings,
+        )
+
+    # ----------------------------------------------------------------- forwarded by name
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on this rank."""
+        return self._plan.batch_size
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step across all ranks (Accelerate's name)."""
+        return self._plan.total_batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        return self._order.num_samples
+
+    @property
+    def drop_last(self) -> bool:
+        return self._drop_last
+
+    @property
+    def batch_sampler(self) -> Sampler:
+        return self._sampler
+
+    def __len__(self) -> int:
+        return self._plan.num_batches
+
+    # ----------------------------------------------------------------- position hooks
+    def _plan_from(self, origin: int, world: Optional[int] = None, rank: Optional[int] = None) -> ShardPlan:
+        """This epoch's plan from ``origin``, for this rank (or for another topology, to check a saved state)."""
+        world = self.ctx.world_size if world is None else world
+        rank = self.ctx.rank if rank is None else rank
+        per_rank = self._loader_batch_size // world if self._split_batches else self._loader_batch_size
+        return ShardPlan(
+            num_samples=self._order.num_samples,
+            batch_size=per_rank,
+            world_size=world,
+            rank=rank,
+            drop_last=self._drop_last,
+            # Accelerate does not shard on one process (it keeps the user's batch sampler), so it never
+            # pads the last batch there.
+            even_batches=self._even_batches and world > 1,
+            origin=origin,
+        )
+
+    def _epoch_indices(self) -> torch.Tensor:
+        key = (self._seed, self._epoch)
+        if self._cached_order[0] != key:
+            indices = self._order.indices(*key)
+            if len(indices) != self._order.num_samples:
+                raise UnsupportedConfigError(
+                    f"the sampler ({self._order.kind}) drew {len(indices)} indices in epoch {self._epoch}, but "
+                    f"its len() is {self._order.num_samples}; a resumable sampler must draw len() indices"
+                )
+            self._cached_order = (key, indices)
+        return self._cached_order[1]
+
+    def _batches(self) -> Iterator[Any]:
+        total = self._plan.num_batches
+        for step, batch in self._open_pass(read_ahead=False):
+            self._commit(step)
+            self.end_of_dataloader = step == total
+            yield self._place(batch)
+
+    def _open_pass(self, read_ahead: bool = True) -> Iterator[tuple[int, Any]]:
+        plan = self._plan
+        step = plan.steps_for(self._consumed)
+        # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
+        where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
+        pipeline = self._pipeline
+        self._sampler.set_pass(self._epoch_indices(), plan, step, functools.partial(pipeline.tag, where))
+        self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
+        for batch in pipeline.fetch(iter(self._base), where, step, read_ahead):
+            step += 1
+            yield step, batch
+
+    def _commit(self, token: int) -> None:
+        self._consumed = self._plan.samples_consumed(token)
+
+    def _batches_taken(self) -> int:
+        return self._plan.steps_for(self._consumed)
+
+    def progress(self) -> Optional[float]:
+        """Samples of the epoch taken by all ranks together (after an elastic resume too), from 0 to 1."""
+        return self._consumed / self._order.num_samples if self._order.num_samples else None
+
+    def _position_state(self) -> dict:
+        return {
+            S.SAMPLES_CONSUMED: self._consumed,
+            S.STRIPE_ORIGIN: self._plan.origin,
+            S.BATCHES_YIELDED: self._batches_taken(),
+        }
+
+    def _config(self) -> dict:
+        return {
+            "batch_size": self._loader_batch_size,
+            "dataset_length": len(self._base.dataset),
+            "num_samples": self._order.num_samples,
+            "drop_last": self._drop_last,
+            "even_batches": self._even_batches,
+            "split_batches": self._split_batches,
+            "order": self._order.kind,
+        }
+
+    def _remainder(self) -> int:
+        plan = self._plan
+        return -1 if self._drop_last else (plan.num_samples - plan.origin) % plan.total_batch_size
+
+    def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
+        saved = state_dict[S.TOPOLOGY]
+        where = f" in {source}" if source else ""
+        world, rank = saved.get("world_size"), saved.get("rank")
+        if not (isinstance(world, int) and isinstance(rank, int) and 0 <= rank < world):
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another "
+                "checkpoint"
+            )
+        if world == self.ctx.world_size and rank != self.ctx.rank:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the state belongs to rank {rank}, this is rank {self.ctx.rank}; "
+                "load each rank's own state"
+            )
+        if self._split_batches and self._loader_batch_size % world != 0:
+            raise UnsupportedConfigError(f"cannot resume{where}: batch_size is not divisible by {world} processes")
+        consumed, origin = state_dict.get(S.SAMPLES_CONSUMED), state_dict.get(S.STRIPE_ORIGIN, 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (consumed, origin)):
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: '{S.SAMPLES_CONSUMED}'={consumed!r} and '{S.STRIPE_ORIGIN}'={origin!r} must "
+                "be integers, none negative; the state is damaged or was edited by hand, resume from another "
+                "checkpoint"
+            )
+        try:
+            steps = self._plan_from(origin, world, rank).steps_for(consumed)
+        except ValueError as exc:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: inconsistent position ({exc}); the state is damaged or was edited "
+                "by hand, resume from another checkpoint"
+            ) from None
+        if steps != state_dict[S.BATCHES_YIELDED]:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: inconsistent position: samples_consumed={consumed} means {steps} batches "
+                f"on rank {rank}, but batches_yielded={state_dict[S.BATCHES_YIELDED]}; the state is damaged or "
+                "was edited by hand, resume from another checkpoint"
+            )
+
+    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        consumed = state_dict[S.SAMPLES_CONSUMED]
+        if state_dict[S.TOPOLOGY]["world_size"] == self.ctx.world_size:
+            origin = state_dict.get(S.STRIPE_ORIGIN, 0)
+        else:
+            # Elastic: the rest of the epoch, from the first sample nobody took, is striped over the new ranks.
+            origin = consumed
+        self._plan = self._plan_from(origin)
+        self._consumed = consumed
+
+    def _rewind(self) -> None:
+        self._plan = self._plan_from(0)
+        self._consumed = 0
+
+    def _seek(self, num_batches: int) -> None:
+        self._refuse_past_end(num_batches)
+        self._consumed = self._plan.samples_consumed(num_batches)

@@ -1,0 +1,1 @@
+"""Pure arithmetic: an epoch's order from (seed, epoch) and each rank's share of it."""

@@ -1,0 +1,103 @@
+"""Where the shuffle comes from: an epoch's order as a pure function of (seed, epoch).
+
+The order never depends on the global RNG (which Accelerate restores in
+``load_state``), on the world size, or on the worker count.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sized
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
+
+from .._context import DistContext
+from ..training._rng import preserved_globals, seed_globals
+from ._seeds import mix_seed
+
+
+def generator_for(seed: int, *salts: int) -> torch.Generator:
+    """A CPU generator seeded from ``seed`` and ``salts``."""
+    return torch.Generator().manual_seed(mix_seed(seed, *salts))
+
+
+class EpochOrder:
+    """The dataset indices of one epoch, in the order they are consumed.
+
+    Subclasses decide the order; all return an int64 tensor of indices.
+    """
+
+    kind: str = "abstract"
+
+    def __init__(self, num_samples: int) -> None:
+        self.num_samples = num_samples
+
+    def indices(self, seed: int, epoch: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SequentialOrder(EpochOrder):
+    """``0, 1, …, n-1`` every epoch (a ``SequentialSampler``)."""
+
+    kind = "sequential"
+
+    def indices(self, seed: int, epoch: int) -> torch.Tensor:
+        return torch.arange(self.num_samples)
+
+
+class ShuffledOrder(EpochOrder):
+    """A fresh permutation per epoch, drawn from (seed, epoch) (a ``RandomSampler``)."""
+
+    kind = "random"
+
+    def indices(self, seed: int, epoch: int) -> torch.Tensor:
+        return torch.randperm(self.num_samples, generator=generator_for(seed, epoch))
+
+
+class SamplerOrder(EpochOrder):
+    """A user's own sampler, drawn once per epoch under an RNG seeded from (seed, epoch).
+
+    Drawing the indices costs no data loading. The sampler gets ``set_epoch``
+    when it has one; its own ``torch.Generator`` (if any) and the global
+    ``torch``, ``random`` and ``numpy`` RNGs are all seeded from (seed, epoch)
+    while it is drawn, and the global RNGs are restored afterwards, so a
+    sampler that draws its order from any of them is reproduced exactly and
+    the training loop's own RNG stream is untouched.
+    """
+
+    def __init__(self, sampler: Sampler) -> None:
+        super().__init__(len(sampler) if isinstance(sampler, Sized) else -1)
+        self.sampler = sampler
+        self.kind = f"sampler:{type(sampler).__qualname__}"
+
+    def indices(self, seed: int, epoch: int) -> torch.Tensor:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        generator = getattr(self.sampler, "generator", None)
+        if isinstance(generator, torch.Generator):
+            generator.manual_seed(mix_seed(seed, epoch))
+
+        with preserved_globals():
+            seed_globals(mix_seed(seed, epoch, 1))
+            drawn = torch.as_tensor(list(iter(self.sampler)), dtype=torch.int64)
+        return drawn
+
+
+def order_for(sampler: Sampler, dataset_length: int) -> EpochOrder:
+    """The epoch order that reproduces ``sampler``, the sampler of a user's ``DataLoader``."""
+    if type(sampler) is SequentialSampler:
+        return SequentialOrder(dataset_length)
+    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == dataset_length:
+        return ShuffledOrder(dataset_length)
+    return SamplerOrder(sampler)
+
+
+def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext) -> tuple[int, str]:
+    """The seed of the epoch orders: the user's choice, else one drawn and agreed across ranks."""
+    if data_seed is not None:
+        return int(data_seed), "data_seed"
+    for generator in (getattr(dataloader.sampler, "generator", None), dataloader.generator):
+        if isinstance(generator, torch.Generator):
+            return int(generator.initial_seed()), "generator"
+    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+    return int(ctx.broadcast(drawn)), "drawn"

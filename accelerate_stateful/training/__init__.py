@@ -1,0 +1,1 @@
+"""What the training run carries besides loader positions: pipeline randomness and sample_rng, the partial gradient of an accumulation window, agreement of ranks after an elastic resume, trained-pass detection, preemption."""
