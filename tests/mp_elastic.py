@@ -23,19 +23,40 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
-from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
-from accelerate_stateful import Accelerator
+from accelerate_stateful import Accelerator, SampleRNG, sample_rng
 from streams import CountingStream
 
 SAMPLES, BATCH_SIZE, EPOCHS, SEED, ACCUMULATION = 53, 3, 4, 5, 2
-# map: map-style data, each rank its shard; batch-sampler: a user's shuffled batch_sampler of varying batch
+# map: map-style data, each rank its shard, each sample augmented through sample_rng; batch-sampler: a user's shuffled batch_sampler of varying batch
 # sizes, without workers (test_multiprocess runs it with two); stream: a stateful stream every rank reads whole
 # (dispatch_batches=False), read by one worker whenever the chain has workers (the worker count of such a
 # stream may not change; 0 and 1 both read it whole); recipe: torch's worker_init_fn sharding recipe under the
 # default dispatcher, an opaque stream fast-forwarded on resume, two persistent workers throughout. An opaque
 # stream read whole is rescaled in-process only (test_replicated_elastic.py): it resumes as the recipe does.
 SOURCES = ("map", "batch-sampler", "stream", "recipe")
+
+
+def augmentation(rng: SampleRNG) -> int:
+    """An integer drawn from the sample's torch, numpy and random generators (exact to compare)."""
+    drawn = torch.randint(1 << 20, (), generator=rng.torch)
+    return int(drawn) + int(rng.numpy.randint(1 << 20)) + rng.random.randrange(1 << 20)
+
+
+class Augmented(Dataset):
+    """Sample ``i`` is ``[i, augmentation(sample_rng(i))]``: its augmentation may not depend on the topology."""
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, augmentation(sample_rng(index))])
+
+
+def ids_and_draws(batch: torch.Tensor) -> tuple[list, list]:
+    """The sample ids of a batch, and the augmentation drawn for each (map source), else ``[]``."""
+    return (batch[:, 0].tolist(), batch[:, 1].tolist()) if batch.dim() == 2 else (batch.tolist(), [])
 
 
 class VaryingBatches(Sampler):
@@ -80,7 +101,7 @@ def make_loader(num_workers: int, source: str = "map") -> DataLoader:
     if source == "recipe":
         return DataLoader(RangeStream(0, SAMPLES), batch_size=BATCH_SIZE, num_workers=2, worker_init_fn=split_range,
                           persistent_workers=True)
-    return DataLoader(list(range(SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers,
+    return DataLoader(Augmented(), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers,
                       generator=torch.Generator().manual_seed(SEED))
 
 
@@ -110,10 +131,11 @@ def run(out: str, launch: int, workers: int, stop_epoch: int, stop_batch: int, s
             for batch in dl:
                 taken += 1
                 with accelerator.accumulate(model):
-                    accelerator.backward(model(batch.float().unsqueeze(1)).pow(2).mean())
+                    ids, draws = ids_and_draws(batch)
+                    accelerator.backward(model(torch.tensor(ids).float().unsqueeze(1)).pow(2).mean())
                     optimizer.step()
                     optimizer.zero_grad()
-                f.write(json.dumps({"launch": launch, "epoch": epoch, "ids": batch.tolist()}) + "\n")
+                f.write(json.dumps({"launch": launch, "epoch": epoch, "ids": ids, "draws": draws}) + "\n")
                 if (epoch, taken) == (stop_epoch, stop_batch):
                     f.flush()
                     accelerator.save_state()

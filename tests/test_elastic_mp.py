@@ -25,10 +25,11 @@ import pytest
 import torch
 
 from accelerate_stateful import (
-    BatchSamplerDataLoader, DispatchDataLoader, DistContext, IterableShardDataLoader, ShardDataLoader,
+    BatchSamplerDataLoader, DispatchDataLoader, DistContext, IterableShardDataLoader, SampleRNG, ShardDataLoader,
 )
 
 from accelerate_stateful.training._agreement import new_rank_seed
+from accelerate_stateful.training._rng import sample_seed
 
 from cli_run import cli_json
 from harness import through_files
@@ -80,7 +81,7 @@ def simulate(source: str) -> list[dict[int, list]]:
             for epoch in range(loader.epoch, mp_elastic.EPOCHS):
                 stop, taken = False, 0
                 for batch in loader:
-                    seen.append((epoch, batch.tolist()))
+                    seen.append((epoch, mp_elastic.ids_and_draws(batch)[0]))
                     taken += 1
                     if (epoch, taken) == (stop_epoch, stop_batch):
                         stop = True
@@ -111,7 +112,12 @@ def test_a_run_continued_on_2_3_2_1_2_processes_delivers_exactly_the_simulated_b
         for index, (world, *_rest) in enumerate(CHAIN):
             for rank in range(world):
                 lines = (tmp_path / f"launch{index}.{source}.rank{rank}.jsonl").read_text().splitlines()
-                got = [(row["epoch"], row["ids"]) for row in map(json.loads, lines)]
+                rows = list(map(json.loads, lines))
+                got = [(row["epoch"], row["ids"]) for row in rows]
+                for row in rows:  # the augmentation is the same pure function of (seed, epoch, sample) everywhere
+                    expected_draws = [mp_elastic.augmentation(SampleRNG(sample_seed(mp_elastic.SEED, row["epoch"], i)))
+                                      for i in row["ids"]] if source == "map" else []
+                    assert row["draws"] == expected_draws, f"{source}: launch {index}, rank {rank}: augmentation"
                 assert got == expected[index][rank], f"{source}: launch {index} (world {world}), rank {rank} differs"
                 for epoch, ids in got:
                     delivered_per_epoch.setdefault(epoch, []).extend(ids)
