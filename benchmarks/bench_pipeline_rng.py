@@ -86,7 +86,13 @@ def report(figures: dict[int, dict[str, float]]) -> Callable[[dict], str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_main(argv, __doc__, "a few seconds", (QUICK_SIZES, FULL_SIZES),
-                    lambda sizes, started: report(bench(sizes)))
+                    lambda sizes, started: _measure(sizes))
+
+
+def _measure(sizes: dict) -> tuple[Callable[[dict], str], dict]:
+    """The report's renderer and the results (µs per batch by worker count and loader, for ``--json``)."""
+    figures = bench(sizes)
+    return report(figures), {"per_batch_us": {str(workers): row for workers, row in figures.items()}}
 
 
 if __name__ == "__main__":

@@ -70,29 +70,25 @@ def loader(dataset, ctx=DistContext(0, 1), workers=0, mode="auto", **kw) -> Shar
     return ShardDataLoader.from_dataloader(base, ctx, pipeline_rng=mode)
 
 
-def epochs(dl, count=2, stop=None) -> list[list[list[int]]]:
-    """The batches of ``count`` epochs from the loader's position; ``stop=(epoch, batches)`` ends early."""
+def epochs(dl, count=2, stop=None, saved=None) -> list[list[list[int]]]:
+    """The batches of ``count`` epochs from the loader's position; ``stop=(epoch, batches)`` ends early, after
+    appending the loader's state (taken inside the loop, while the pass is live) to ``saved``."""
     seen = []
     for epoch in range(dl.epoch, count):
         for batch in dl:
             seen.append([epoch, batch.tolist()])
             if stop == (epoch, dl.batches_yielded):
+                if saved is not None:
+                    saved.append(through_files(dl.state_dict()))
                 return seen
     return seen
 
 
 def resumed(make, stop) -> list:
     """The uninterrupted run's batches and those of a run stopped at ``stop`` and resumed in a fresh loader."""
-    first = make()
-    before, state = [], None
-    for epoch in range(first.epoch, 2):
-        for batch in first:
-            before.append([epoch, batch.tolist()])
-            if stop == (epoch, first.batches_yielded):
-                state = through_files(first.state_dict())  # saved inside the loop, while the pass is live
-                break
-        if state is not None:
-            break
+    first, saved = make(), []
+    before = epochs(first, stop=stop, saved=saved)
+    state = saved[0]
     torch.manual_seed(999), random.seed(999), np.random.seed(999)  # another process: other global RNG states
     second = make()
     second.load_state_dict(state)
@@ -139,10 +135,10 @@ def test_per_sample_draws_do_not_depend_on_world_size_workers_or_an_elastic_resu
         assert got == expected, f"world {world}"
     # Elastic: 2 ranks stop mid-epoch, 3 ranks (one with workers) take the rest of it and the next epoch.
     old = [loader(dataset(), DistContext(r, 2), mode=mode) for r in range(2)]
-    got = {}
+    got, saved = {}, []
     for dl in old:
-        got.update(values(epochs(dl, stop=(0, 2))))
-    state = through_files(old[0].state_dict())
+        got.update(values(epochs(dl, stop=(0, 2), saved=saved)))
+    state = saved[0]
     for rank in range(3):
         dl = loader(dataset(), DistContext(rank, 3), workers=2 if rank == 1 else 0, mode=mode)
         dl.load_state_dict(state)
@@ -213,8 +209,9 @@ def test_a_sampler_shuffling_with_numpy_or_random_resumes_exactly_and_leaves_the
         assert (np.random.get_state()[1] == np.random.RandomState(1).get_state()[1]).all() and state[1] == (
             random.Random(1).getstate())
         first = make(rank)
-        before = epochs(first, count=3, stop=(1, 2))
-        saved = through_files(first.state_dict())
+        held = []
+        before = epochs(first, count=3, stop=(1, 2), saved=held)
+        saved = held[0]
         np.random.seed(77), random.seed(77)  # a new process after a resume: the global RNGs are elsewhere
         second = make(rank)
         second.load_state_dict(saved)
