@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from streams import _Cursor  # the script's folder is on sys.path, under the launcher too
+
 V, BASE = 64, 60  # vocabulary; a sample id is written as its first two tokens (2 + id // BASE, 2 + id % BASE)
 
 
@@ -48,20 +50,11 @@ class Items(Dataset):
         return {"input_ids": encode(i, length_of(i))}
 
 
-class Stream(IterableDataset):
+class Stream(_Cursor, IterableDataset):
     """A stateful stream: every rank's workers share the ids (i % workers), resuming from a position."""
 
     def __init__(self, n: int) -> None:
         self.n, self.pos, self.epoch = n, 0, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.pos = state["pos"]
 
     def __iter__(self):
         info = get_worker_info()
