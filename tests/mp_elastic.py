@@ -21,6 +21,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
@@ -35,7 +36,10 @@ SAMPLES, BATCH_SIZE, EPOCHS, SEED, ACCUMULATION = 53, 3, 4, 5, 2
 # stream may not change; 0 and 1 both read it whole); recipe: torch's worker_init_fn sharding recipe under the
 # default dispatcher, an opaque stream fast-forwarded on resume, two persistent workers throughout. An opaque
 # stream read whole is rescaled in-process only (test_replicated_elastic.py): it resumes as the recipe does.
-SOURCES = ("map", "batch-sampler", "stream", "recipe")
+# numpy-sampler: a user sampler that shuffles with NumPy's global RNG (its order is drawn under a scope seeded
+# from (data_seed, epoch), so it is the same on every topology and after every resume).
+SOURCES = ("map", "batch-sampler", "stream", "recipe", "numpy-sampler")
+DATA_SEEDS = {"numpy-sampler": SEED}
 
 
 def augmentation(rng: SampleRNG) -> int:
@@ -57,6 +61,19 @@ class Augmented(Dataset):
 def ids_and_draws(batch: torch.Tensor) -> tuple[list, list]:
     """The sample ids of a batch, and the augmentation drawn for each (map source), else ``[]``."""
     return (batch[:, 0].tolist(), batch[:, 1].tolist()) if batch.dim() == 2 else (batch.tolist(), [])
+
+
+class NumpyShuffle(Sampler):
+    """Shuffles with ``np.random`` (the global RNG), as many user samplers do after ``set_seed``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(np.random.permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
 
 
 class VaryingBatches(Sampler):
@@ -94,6 +111,9 @@ def split_range(worker_id: int) -> None:
 
 
 def make_loader(num_workers: int, source: str = "map") -> DataLoader:
+    if source == "numpy-sampler":
+        return DataLoader(list(range(SAMPLES)), batch_size=BATCH_SIZE, sampler=NumpyShuffle(SAMPLES),
+                          num_workers=num_workers)
     if source == "batch-sampler":
         return DataLoader(list(range(SAMPLES)), batch_sampler=VaryingBatches(SAMPLES))
     if source == "stream":
@@ -111,7 +131,8 @@ def run(out: str, launch: int, workers: int, stop_epoch: int, stop_batch: int, s
         gradient_accumulation_steps=ACCUMULATION,
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=60))],
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True,
-                                                  dispatch_batches=False if source == "stream" else None),
+                                                  dispatch_batches=False if source == "stream" else None,
+                                                  data_seed=DATA_SEEDS.get(source)),
         project_config=ProjectConfiguration(project_dir=str(Path(out) / source), automatic_checkpoint_naming=True,
                                             total_limit=2),
     )

@@ -6,7 +6,8 @@ backward), and a rank that did not exist when the checkpoint was written has the
 saved main process's and its rank.
 
 Each launch runs every source of ``mp_elastic.SOURCES`` (map-style data, a user's batch_sampler, a stateful
-stream every rank reads whole, and torch's worker_init_fn recipe under the dispatcher over an opaque stream). Each
+stream every rank reads whole, torch's worker_init_fn recipe under the dispatcher over an opaque stream, and
+a user sampler that shuffles with NumPy's global RNG). Each
 launch's batches, on every rank, must equal an in-process simulation of the same chain (whose properties
 `test_elastic.py`, `test_batch_sampler.py` and `test_replicated_elastic.py` check exhaustively), and every
 epoch must deliver every sample.
@@ -64,7 +65,7 @@ def launch(out: Path, index: int, world: int, workers: int, stop_epoch: int, sto
 
 
 LOADERS = {"map": ShardDataLoader, "batch-sampler": BatchSamplerDataLoader, "stream": IterableShardDataLoader,
-           "recipe": DispatchDataLoader}
+           "recipe": DispatchDataLoader, "numpy-sampler": ShardDataLoader}
 
 
 def simulate(source: str) -> list[dict[int, list]]:
@@ -74,7 +75,8 @@ def simulate(source: str) -> list[dict[int, list]]:
         per_rank, saved = {}, None
         for rank in range(world):
             data = mp_elastic.make_loader(2 if source == "recipe" else 0, source)
-            loader = LOADERS[source].from_dataloader(data, DistContext(rank, world))
+            seed = {"data_seed": mp_elastic.DATA_SEEDS[source]} if source in mp_elastic.DATA_SEEDS else {}
+            loader = LOADERS[source].from_dataloader(data, DistContext(rank, world), **seed)
             if state is not None:
                 loader.load_state_dict(state)
             seen = []
