@@ -122,7 +122,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
     ) -> "BatchSamplerDataLoader":
         """Build the loader that replaces a user's ``DataLoader(batch_sampler=...)`` in ``prepare``."""
         from ..position._order import choose_seed
-        from .shard import LOADER_SETTINGS
+        from .shard import loader_settings
 
         ctx = ctx if ctx is not None else DistContext.detect()
         as_sampler = dataloader.batch_sampler is None
@@ -130,7 +130,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         seed, seed_source = _sampler_seed(batch_sampler)
         if data_seed is not None or seed_source != "generator":
             seed, seed_source = choose_seed(dataloader, data_seed, ctx)
-        settings = {name: getattr(dataloader, name) for name in LOADER_SETTINGS if hasattr(dataloader, name)}
+        settings = loader_settings(dataloader)
         return cls(
             dataloader.dataset, batch_sampler, ctx=ctx, seed=seed, seed_source=seed_source, as_sampler=as_sampler,
             even_batches=even_batches, split_batches=split_batches, device=device, non_blocking=non_blocking,

@@ -151,7 +151,7 @@ class ShardDataLoader(DataLoaderAdapter):
                 "resumed; give it a __len__ or use a sampler that has one"
             )
         seed, seed_source = choose_seed(dataloader, data_seed, ctx)
-        settings = {name: getattr(dataloader, name) for name in LOADER_SETTINGS if hasattr(dataloader, name)}
+        settings = loader_settings(dataloader)
         return cls(
             dataset,
             order=order_for(sampler, len(dataset)),
@@ -329,3 +329,8 @@ class ShardDataLoader(DataLoaderAdapter):
     def _seek(self, num_batches: int) -> None:
         self._refuse_past_end(num_batches)
         self._consumed = self._plan.samples_consumed(num_batches)
+
+
+def loader_settings(dataloader: DataLoader) -> dict:
+    """The user's ``DataLoader`` settings (``LOADER_SETTINGS``) a variant carries over to its base loader."""
+    return {name: getattr(dataloader, name) for name in LOADER_SETTINGS if hasattr(dataloader, name)}
