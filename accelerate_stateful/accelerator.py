@@ -14,6 +14,7 @@ from . import _teardown
 from .training import _accumulation
 from .checkpoint import _checkpoints
 from .checkpoint import _files
+from .checkpoint import _in_step
 from .training import _preemption
 from .checkpoint import _resume
 from .training import _rng
@@ -114,6 +115,13 @@ class Accelerator(accelerate.Accelerator):
             return SkipDataLoader(dataloader, num_batches)
         return super().skip_first_batches(dataloader, num_batches)
 
+    def prepare_model(self, model: Any, device_placement: Optional[bool] = None, evaluation_mode: bool = False):
+        """Accelerate's ``prepare_model``; a backward pass that reaches the model's parameters counts as training."""
+        prepared = super().prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
+        if self.use_stateful_dataloader:
+            _training.watch(model)
+        return prepared
+
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """Accelerate's ``backward``; also marks that the model was trained while the live passes ran."""
         _training.note_trained()
@@ -136,6 +144,7 @@ class Accelerator(accelerate.Accelerator):
             return super().save_state(output_dir, safe_serialization, **kwargs)
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "save_state")
+        _in_step.settle(ctx, self.stateful_loaders, "save_state")
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         if root is not None:
@@ -174,6 +183,7 @@ class Accelerator(accelerate.Accelerator):
             return super().load_state(input_dir, load_kwargs, **kwargs)
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "load_state")
+        self._ready_to_load(ctx, "load_state")
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming:
                 raise ValueError("load_state() needs an input_dir when automatic_checkpoint_naming is off")
@@ -209,8 +219,11 @@ class Accelerator(accelerate.Accelerator):
             checkpoint_root = self._checkpoint_root()
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "resume")
+        self._ready_to_load(ctx, "resume")
         found = _resume.agreed_latest(ctx, Path(checkpoint_root))
         if found is None:
+            for loader in self.stateful_loaders:
+                loader._anchor()
             return None
         self._load_verified(*found)
         return found[0]
@@ -232,6 +245,11 @@ class Accelerator(accelerate.Accelerator):
         return _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
 
     # ----------------------------------------------------------------- internals
+    def _ready_to_load(self, ctx: DistContext, operation: str) -> None:
+        """Every rank's loaders at the same point and none iterating, or a refusal on every rank."""
+        _in_step.settle(ctx, self.stateful_loaders, operation)
+        _in_step.refuse_live(ctx, self.stateful_loaders, operation)
+
     def _unwrapped_models(self) -> list:
         return [self.unwrap_model(model) for model in self._models]
 
@@ -274,14 +292,15 @@ class Accelerator(accelerate.Accelerator):
 
 def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path) -> None:
     """One line saying where the loader resumes, and the change of topology it handles."""
-    done = loader.progress()
-    progress = f"batch {loader.batches_yielded}" if done is None else f"{100 * done:.1f}%"
+    epoch, taken, between = loader._resume_point()
+    done = 1.0 if between else loader.progress()
+    progress = f"batch {taken}" if done is None else f"{100 * done:.1f}%"
     now = f"{loader.ctx.world_size} ranks x {loader.num_workers} workers"
     saved = state["topology"]
     was = f"{saved.get('world_size')} x {saved.get('num_workers')}"
     if was == f"{loader.ctx.world_size} x {loader.num_workers}":
-        logger.info("loader %d: resuming epoch %d at %s on %s (%s)", index, loader.epoch, progress, now, source)
+        logger.info("loader %d: resuming epoch %d at %s on %s (%s)", index, epoch, progress, now, source)
     else:
         logger.warning(
-            "loader %d: resuming epoch %d at %s on %s (was %s) from %s", index, loader.epoch, progress, now, was, source
+            "loader %d: resuming epoch %d at %s on %s (was %s) from %s", index, epoch, progress, now, was, source
         )

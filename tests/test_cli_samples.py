@@ -59,6 +59,14 @@ def _epoch(loader, epoch: int) -> list[list[int]]:
     return [batch.tolist() for batch in loader]
 
 
+def _rest_read_on_resume(loader, state) -> list[list[int]]:
+    """What a loop resumed from ``state`` reads when it re-enters its epoch at ``dl.epoch`` (a checkpoint
+    taken right after an epoch's last batch: that epoch's empty rest; see docs/lifecycle.md)."""
+    loader.load_state_dict(state)
+    assert loader.epoch >= 0  # asking where it is re-enters that epoch
+    return [b.tolist() for b in loader]
+
+
 def _check_against_loaders(tmp_path, cfg: dict, make) -> None:
     world = cfg["world"]
     full = [_epoch(make(cfg, r, world), 1) for r in range(world)]  # epoch 1: a resume must not redraw epoch 0
@@ -79,9 +87,8 @@ def _check_against_loaders(tmp_path, cfg: dict, make) -> None:
             assert printed == full[rank][:taken], f"consumed, rank {rank}, {taken} taken"
             rest = [b["indices"] for b in remaining["ranks"][rank]["batches"]]
             assert rest == [b.tolist() for b in iterators[rank]] == full[rank][taken:], f"remaining, rank {rank}"
-            resumed = make(cfg, rank, world)
-            resumed.load_state_dict(_files.read_loader_state(ckpt, 0, rank))
-            assert [b.tolist() for b in resumed] == rest, f"a loader resumed from the files, rank {rank}"
+            resumed = _rest_read_on_resume(make(cfg, rank, world), _files.read_loader_state(ckpt, 0, rank))
+            assert resumed == rest, f"a loader resumed from the files, rank {rank}"
             for step in (0, len(full[rank]) - 1):
                 one = cli_json("samples", ckpt, "--rank", rank, "--step", step)["ranks"][0]["batches"]
                 assert one == [{"step": step, "indices": full[rank][step]}], f"--step {step}, rank {rank}"
@@ -98,8 +105,7 @@ def _check_elastic(ckpt, cfg: dict, make, new_world: int, taken: int) -> None:
     assert printed["elastic"] and len(printed["ranks"]) == new_world
     for rank in range(new_world):
         resumed = make(cfg, rank, new_world)
-        resumed.load_state_dict(resumed.merge_rank_states(states))  # what Accelerator.load_state does
-        expected = [b.tolist() for b in resumed]
+        expected = _rest_read_on_resume(resumed, resumed.merge_rank_states(states))  # as Accelerator.load_state
         assert [b["indices"] for b in printed["ranks"][rank]["batches"]] == expected, (
             f"elastic {cfg['world']} -> {new_world}, rank {rank}, saved after {taken} batches")
 

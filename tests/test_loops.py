@@ -66,11 +66,22 @@ class Recorder:
                                                                                for l in loaders])))
 
 
+def fresh_start(loaders):
+    """What ``accelerator.resume()`` does to the loaders when it finds no checkpoint: the program starts here."""
+    for loader in loaders:
+        loader._anchor()
+    return loaders
+
+
 def check_every_resume(script, build, world: int, skip=lambda rank, states: False, chains: int = 2) -> int:
-    """Resume ``script`` at every checkpoint of its uninterrupted run (and chains of two), on every rank."""
+    """Resume ``script`` at every checkpoint of its uninterrupted run (and chains of two), on every rank.
+
+    ``build`` makes the loaders as the script's set-up does before ``accelerator.resume()``; the
+    uninterrupted run then starts as a resume that found nothing does, the others load a state.
+    """
     compared = 0
     for rank in range(world):
-        reference = Recorder(script, build(rank))
+        reference = Recorder(script, fresh_start(build(rank)))
         assert reference.saves, "the script never checkpoints"
         for index, (at, states) in enumerate(reference.saves):
             if skip(rank, states):
@@ -127,20 +138,36 @@ def test_a_warm_up_peek_after_resuming_is_neutral(world, cfg, peek):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_a_peek_at_a_restored_epoch_end_says_why_it_is_empty(world):
+def test_a_peek_at_a_restored_epoch_end_returns_a_batch_and_the_loop_still_finds_the_epochs_rest(world):
+    """A script that peeks at the top of every epoch, saved right after an epoch's last batch: after the
+    resume the peek is served from the next epoch and undone; the loop, which asked ``dl.epoch``, re-enters
+    the finished epoch (its empty rest), then reads the next epoch whole."""
     cfg = CONFIGS[0]
-    source = make(cfg, world, 0)
-    for _ in source:
-        pass
-    state = source.state_dict()
-    run = make(cfg, world, 0)
+    run = fresh_start([make(cfg, world, 0)])[0]
+    next(iter(run))
     for _ in run:
+        train()
         saved = through_files(run.state_dict())  # inside the loop, after the epoch's last batch
+    second_epoch = [ids(b) for b in run]
     restored = make(cfg, world, 0)
     restored.load_state_dict(saved)
-    with pytest.raises(StopIteration, match=r"restored after the last of the \d+ batches of epoch 0.*before resume"):
-        next(iter(restored))
-    assert restored.state_dict() == state  # as a `for` loop over it: the epoch's (empty) rest was read
+    assert restored.epoch == 0 and restored.batches_yielded == len(restored)
+    assert ids(next(iter(restored))) == second_epoch[0]  # the peek: undone
+    assert [ids(b) for b in restored] == []  # the rest of epoch 0, as the uninterrupted loop saw it end
+    assert [ids(b) for b in restored] == second_epoch
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_loop_that_counts_its_own_epochs_gets_the_next_epoch_after_a_resume_at_an_epoch_end(world):
+    """``start = step // len(dl)`` (Accelerate's examples), no ``set_epoch``: the next pass is the next epoch."""
+    cfg = CONFIGS[0]
+    run = make(cfg, world, 0)
+    for _ in run:
+        saved = through_files(run.state_dict())
+    second_epoch = [ids(b) for b in run]
+    restored = make(cfg, world, 0)
+    restored.load_state_dict(saved)
+    assert [ids(b) for b in restored] == second_epoch
 
 
 @pytest.mark.parametrize("world,cfg", CASES, ids=IDS)
@@ -229,7 +256,7 @@ def test_epochs_truncated_by_break_are_successive_epochs_and_resume_exactly(worl
 
 
 def test_a_pass_dropped_without_training_is_undone_even_after_its_last_batch():
-    """A peek on a loader restored one batch before its epoch's end takes that last batch: still a peek."""
+    """A peek that happens to take the epoch's last batch is still a peek; trained on, the epoch is over."""
     loader = make(CONFIGS[0], 1, 0)
     for i, _ in enumerate(loader):
         if i == len(loader) - 1:
@@ -237,7 +264,7 @@ def test_a_pass_dropped_without_training_is_undone_even_after_its_last_batch():
     assert loader.epoch == 0 and loader.phase is Phase.NOT_STARTED
     for i, _ in enumerate(loader):
         train()
-        if i == 0:
+        if i == len(loader) - 1:
             break
     assert loader.epoch == 1 and loader.phase is Phase.EXHAUSTED
 

@@ -26,6 +26,8 @@ MODULES = {
     "accelerator": "accelerator.py",
     "context": "_context.py",
     "adapter": "loaders/_adapter.py",
+    "lifecycle": "loaders/_lifecycle.py",
+    "in_step": "checkpoint/_in_step.py",
     "shard": "loaders/shard.py",
     "dispatch": "loaders/dispatch.py",
     "iterable": "loaders/iterable.py",
@@ -53,7 +55,8 @@ NOT_DRAWN: dict[str, str] = {
     "__main__.py": "runs the command line (cli/), which reads checkpoints through checkpoint/",
     "transformers.py": "public import path of integrations/transformers.py",
     "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",
-    "loaders/_passes.py": "the adapter's record of where a pass began (what an abandoned pass undoes)",
+    "loaders/_passes.py": "a pass: the iterator the loop holds, the record the loader judges it by; " + _PLUMBING,
+    "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
     "loaders/_channels.py": "stream workers' side channel for their snapshots; " + _PLUMBING,
     "loaders/_snapshot.py": "a dataset's own state_dict() taken in a worker; " + _PLUMBING,
     "loaders/_reading.py": "how the processes read a stream (whole, by shard, logical shards); " + _PLUMBING,
@@ -63,7 +66,7 @@ NOT_DRAWN: dict[str, str] = {
     "checkpoint/_versions.py": "refuses files of an unknown format version",
     "checkpoint/_refusals.py": "the words of a refusal (loader order, world-size-dependent samplers)",
     "training/_agreement.py": "after an elastic load, accelerator.step and new ranks' RNGs agree",
-    "training/_training.py": "counts optimizer steps, so an abandoned pass knows whether the model trained",
+    "training/_training.py": "training events (backward, optimizer steps) mark the passes trained on (docs/lifecycle.md)",
     "training/_preemption.py": "SIGTERM/SIGUSR1: a checkpoint at an agreed step (docs/trainer.md)",
     "integrations/transformers.py": "the 🤗 Trainer drives the same Accelerator (docs/trainer.md)",
     "integrations/_trainer_checkpoints.py": "the Trainer's checkpoint-N folders (docs/trainer.md)",
@@ -113,8 +116,8 @@ def boxes() -> tuple[list[Box], list[tuple[Box, Box, str]]]:
     loop = Box(136.5, 66, 22, 9, "batches, in order", caption="your training loop")
     columns = (17.5, 55.5, 93.5, 131.5)
     save = [
-        Box(columns[0], 38, 33, 9, "save_state()", ("accelerator",), SAVE),
-        Box(columns[1], 38, 33, 9, "loader.state_dict()", ("adapter", "state"), SAVE),
+        Box(columns[0], 38, 33, 9, "save_state(): ranks in step", ("accelerator", "in_step"), SAVE),
+        Box(columns[1], 38, 33, 9, "loader.state_dict()", ("lifecycle", "state"), SAVE),
         Box(columns[2], 38, 33, 9, "JSON + safetensors per rank", ("files",), SAVE),
         Box(columns[3], 38, 33, 9, "manifest, written last", ("checkpoints",), SAVE),
     ]
@@ -171,7 +174,8 @@ def draw(path: str) -> None:
                                      linestyle=style, color="#444444", linewidth=1, shrinkA=2, shrinkB=2))
     for y, text in ((83.5, "Data path"), (46, "Save path"), (22, "Resume path")):
         ax.text(1, y, text, fontsize=13, weight="bold", color="#222222")
-    ax.text(87, 45.4, "each variant is a DataLoaderAdapter (" + MODULES["adapter"] + "): lifecycle, state template",
+    ax.text(87, 45.4, "each variant is a DataLoaderAdapter (" + MODULES["adapter"] + "): state template; its passes' "
+            "lifecycle in " + MODULES["lifecycle"],
             ha="center", fontsize=8.5, style="italic", color="#333333")
     ax.text(148, -1.5, f"module paths are relative to {PACKAGE}/; drawn by tools/architecture.py",
             ha="right", fontsize=7.5, color="#666666")

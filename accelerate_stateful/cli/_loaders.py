@@ -112,7 +112,9 @@ def with_reader(states: list, rank: int) -> Mapping[str, Any]:
 def restored_loader(states: list, rank: int, world_size: int) -> Any:
     """The loader of ``rank`` of ``world_size`` resumed from every saved rank's ``states``, as ``load_state`` does.
 
-    On the saved world size each rank takes its own state; on another, the merged state of all.
+    On the saved world size each rank takes its own state; on another, the merged state of all. A checkpoint
+    taken right after an epoch's last batch is described as that epoch, every batch taken (the view of a loop
+    that re-enters it; ``docs/lifecycle.md``).
     """
     ctx = DistContext(rank, world_size)
     own = with_reader(states, rank if len(states) == world_size else 0)
@@ -120,6 +122,7 @@ def restored_loader(states: list, rank: int, world_size: int) -> Any:
     if len(states) != world_size and loader.needs_all_ranks(own):
         own = loader.merge_rank_states(states)
     loader.load_state_dict(own)
+    loader._stand_at_finished_epoch()
     return loader
 
 

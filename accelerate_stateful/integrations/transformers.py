@@ -211,9 +211,10 @@ class StatefulTrainerMixin:
         saved_world = manifest["world_size"]
         loader.load_state_dict(state)
         batches = _length(loader)
-        epoch, taken = loader.epoch, loader.batches_yielded
-        if batches is not None and taken >= batches:
-            epoch, taken, batches = epoch + 1, 0, None  # saved after the epoch's last batch: the next one starts
+        epoch, taken, between = loader._resume_point()
+        if between:  # saved after the epoch's last batch: the Trainer counts the epoch done, the next one starts
+            loader.set_epoch(epoch + 1)
+            epoch, taken, batches = epoch + 1, 0, None
         self._resumed = _Resumed(epoch, taken, batches, saved_world)
         if self.accelerator.is_main_process:
             logger.info("resuming from %s: epoch %d, batch %d of this rank (nothing is skipped or replayed)",

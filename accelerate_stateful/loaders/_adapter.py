@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import enum
 import weakref
-from typing import Any, Callable, ClassVar, Generator, Iterator, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
 
 import torch
 from accelerate.state import GradientState
@@ -14,25 +13,17 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint import _state as S
 from ..checkpoint import _refusals
-from ..training import _training
 from .._context import DistContext
-from ._passes import PassOrigin, empty_tail_note
+from ._lifecycle import PASS, Lifecycle, check_entry
+from ._passes import PassHandle, Phase
+from ._workers import shut_down
 from ..errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
-
-
-class Phase(enum.Enum):
-    """Where a loader is in its lifecycle (see ``docs/lifecycle.md``)."""
-
-    NOT_STARTED = "not started"
-    ITERATING = "iterating"
-    EXHAUSTED = "exhausted"
-    RESTORED = "restored"
 
 
 class DataLoaderAdapter(Stateful):
     """A prepared loader: wraps a base ``DataLoader`` by composition.
 
-    The adapter owns the lifecycle and the public ``state_dict()`` /
+    The adapter owns the lifecycle (``_lifecycle``) and the public ``state_dict()`` /
     ``load_state_dict()`` (version, validation, lifecycle checks); a variant
     implements the position hooks (``_batches``, ``_position_state``,
     ``_restore``, ``_rewind``, ``_seek``, ``_config``) and ``__len__``.
@@ -43,15 +34,14 @@ class DataLoaderAdapter(Stateful):
     state         ``iter()``              ``state_dict()``             ``load_state_dict()``
     ============  ======================  ===========================  ====================
     not started   start epoch ``epoch``   start of epoch ``epoch``     allowed → restored
-    iterating     close it, see below     after the last batch taken   error while live
+    iterating     end it, see below       after the last batch taken   error while live
     exhausted     start epoch ``epoch``   start of epoch ``epoch``     allowed → restored
     restored      continue from there     the restored position        allowed (replaces)
     ============  ======================  ===========================  ====================
 
-    On exhaustion ``epoch`` moves to the next epoch at once, so ``set_epoch``
-    with the loader's own epoch never disturbs a position. A pass dropped
-    before its end is undone, or ends its epoch if the model was trained
-    while it was live (``_passes``).
+    When a pass hands out its epoch's last batch the epoch is over: ``state_dict()`` is then the start
+    of the next epoch. A pass dropped before its end is undone, or ends its epoch if the model was
+    trained on it; the verdict follows program order, never the garbage collector (``_lifecycle``).
     """
 
     mode: ClassVar[str] = "abstract"
@@ -73,10 +63,8 @@ class DataLoaderAdapter(Stateful):
         self._seed = seed
         self._seed_source = seed_source
         self._epoch = 0
-        self._phase = Phase.NOT_STARTED
-        self._live: Optional[weakref.ref] = None
-        self._pass_origin: Optional[PassOrigin] = None
-        _training.install()
+        self._life = Lifecycle(self)
+        self._base_iter: Optional[weakref.ref] = None
         self.end_of_dataloader = False
         self.remainder = -1
         # Called when the loop asks for the batch after one it took (see ``_preemption``); None: no call.
@@ -85,12 +73,26 @@ class DataLoaderAdapter(Stateful):
     # ----------------------------------------------------------------- public surface
     @property
     def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
+        """The epoch of the batches the live pass hands out; between passes, the epoch the next pass reads.
+
+        After a resume from a checkpoint taken right after an epoch's last batch, this is that finished
+        epoch, and asking for it says the program re-enters it: the next pass is its empty rest, so the
+        code after the inner loop runs for it as in the uninterrupted run (``docs/lifecycle.md``).
+        """
+        self._life.settle()
+        live = self._life.live
+        if live is not None and live.complete:
+            return live.final[0]
+        boundary = self._life.boundary()
+        if boundary is not None and live is None:
+            self._life.enter_finished_epoch()
+            return boundary[0]
         return self._epoch
 
     @property
     def phase(self) -> Phase:
-        return self._phase
+        self._life.settle()
+        return Phase.ITERATING if self._life.live is not None and self._life.live.begun else self._life.phase
 
     @property
     def seed(self) -> int:
@@ -105,10 +107,27 @@ class DataLoaderAdapter(Stateful):
     @property
     def batches_yielded(self) -> int:
         """Batches of the current epoch already handed to the training loop (progress bars)."""
-        return self._batches_taken()
+        return self._resume_point()[1]
+
+    def _resume_point(self) -> tuple[int, int, bool]:
+        """``(epoch, batches taken, between two epochs)`` as the loader reports them, committing nothing."""
+        self._life.settle()
+        live = self._life.live
+        if live is not None and live.complete:
+            return live.final[0], live.final[1], False
+        boundary = self._life.boundary()
+        if boundary is not None and live is None:
+            return boundary[0], boundary[1], True
+        return self._epoch, self._batches_taken(), False
 
     def progress(self) -> Optional[float]:
         """The part of the current epoch already taken, from 0 to 1; ``None`` for a stream without a length."""
+        live = self._life.live
+        if live is not None and live.complete:
+            return 1.0
+        return self._progress()
+
+    def _progress(self) -> Optional[float]:
         try:
             return min(self.batches_yielded / len(self), 1.0)
         except (TypeError, ZeroDivisionError):
@@ -134,44 +153,64 @@ class DataLoaderAdapter(Stateful):
     def pin_memory(self) -> bool:
         return self._base.pin_memory
 
-    def __iter__(self) -> Iterator[Any]:
-        live = self._live_iterator()
-        if live is not None:
-            live.close()  # runs the end of that pass (``_run``'s ``finally``)
-        if self._phase is Phase.ITERATING:  # a copy made while a pass was live: that pass is gone
-            self._abandon()
-        run = self._run()
-        self._live = weakref.ref(run)
-        return run
+    def __iter__(self) -> PassHandle:
+        return self._life.open()
 
     def set_epoch(self, epoch: int) -> None:
-        """Move to the start of ``epoch``; with the current epoch this changes nothing."""
+        """Move to the start of ``epoch``; with the epoch the position is in, this changes nothing.
+
+        Between two epochs after a resume, either of them changes nothing: the finished one re-enters it
+        (the next pass is its empty rest), the next one moves on.
+        """
+        self._life.settle()
+        boundary = self._life.boundary()
+        if boundary is not None and epoch == boundary[0] and self._life.live is None:
+            self._life.enter_finished_epoch()
+            return
         if epoch == self._epoch:
+            if boundary is not None and self._life.live is None:
+                self._life.leave_boundary()
             return
         self._refuse_if_live("set_epoch()")
+        self._life.leave_boundary()
         self._start_epoch(epoch)
 
     def _start_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self._rewind()
-        self._phase = Phase.NOT_STARTED
+        self._life.phase = Phase.NOT_STARTED
+
+    def _end_epoch(self) -> None:
+        """The position moves to the start of the next epoch (the lifecycle sets the phase)."""
+        self._epoch += 1
+        self._rewind()
 
     def seek(self, num_batches: int) -> None:
         """Position the loader ``num_batches`` into the epoch its next batch belongs to, reading nothing.
 
-        That is the current epoch, unless the loader was restored after the epoch's last batch: then it is
-        the next one (Accelerate's recipe, ``skip_first_batches(dl, step % len(dl))``, at an epoch boundary).
+        After a resume at an epoch's end that is the next epoch (Accelerate's recipe,
+        ``skip_first_batches(dl, step % len(dl))``, at an epoch boundary). A skip to where a resumed
+        loader already stands changes nothing.
         """
         self._refuse_if_live("seek()")
         if num_batches < 0:
             raise ValueError(f"cannot skip {num_batches} batches: the count must be >= 0")
-        if self._phase is Phase.RESTORED and self._at_epoch_end():
-            self._start_epoch(self._epoch + 1)
+        pending = self._life.pending
+        if pending is not None and not pending.complete and num_batches == self._batches_taken():
+            return
+        self._life.leave_boundary()
         self._seek(num_batches)
-        self._phase = Phase.RESTORED
+        self._life.phase = Phase.RESTORED
 
     def state_dict(self) -> S.LoaderState:
-        """The complete position, valid in every lifecycle state (no side effects)."""
+        """The complete position, valid in every lifecycle state (see the class docstring)."""
+        self._life.settle()
+        state = dict(self._life.pending.saved) if self._life.replaying() else self._raw_state()
+        state[PASS] = self._life.entry()  # always present: a library that loads in place must find every key
+        return state  # type: ignore[return-value]
+
+    def _raw_state(self) -> dict:
+        """Where the loader stands, without the record of a live pass."""
         state = {
             S.VERSION: S.FORMAT_VERSION,
             S.MODE: self.mode,
@@ -183,7 +222,7 @@ class DataLoaderAdapter(Stateful):
             S.BASE: self._base_state(),
         }
         state.update(self._position_state())
-        return state  # type: ignore[return-value]
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a position saved by ``state_dict()``; refused while an iterator is live."""
@@ -193,7 +232,7 @@ class DataLoaderAdapter(Stateful):
         self._restore(state_dict)
         self._seed, self._seed_source = seed, seed_source
         self._epoch = state_dict[S.EPOCH]
-        self._phase = Phase.RESTORED
+        self._life.restore(state_dict, "")
 
     def validate_state(self, state_dict: Mapping[str, Any], source: str = "") -> None:
         """Raise if ``state_dict`` cannot be loaded into this loader; changes nothing."""
@@ -211,6 +250,9 @@ class DataLoaderAdapter(Stateful):
             raise UnsupportedConfigError(f"cannot resume{where}: {sampler_change}")
         _refusals.raise_mismatches(mismatches, source)
         self._check_position(state_dict, source)
+        mark = check_entry(state_dict, f" in {source}" if source else "")
+        if mark is not None:
+            self.validate_state(mark, source)
 
     def needs_all_ranks(self, state_dict: Mapping[str, Any]) -> bool:
         """Whether resuming from ``state_dict`` (this rank's saved state) needs every saved rank's state."""
@@ -219,79 +261,82 @@ class DataLoaderAdapter(Stateful):
     def merge_rank_states(self, states: list) -> Mapping[str, Any]:
         """The one state to resume from on another topology, from every saved rank's state.
 
-        By default the main process's, once every rank is known to agree on the epoch and position.
+        By default the main process's, once every rank is known to agree on the epoch, the position and
+        the pass that was live; a live pass's starting point is merged the same way.
         """
         for rank, state in enumerate(states[1:], start=1):
-            for key in (S.EPOCH, S.SAMPLES_CONSUMED, S.STRIPE_ORIGIN):
-                if isinstance(state, Mapping) and isinstance(states[0], Mapping) and state.get(key) != states[0].get(key):
+            for key in (S.EPOCH, S.SAMPLES_CONSUMED, S.STRIPE_ORIGIN, PASS):
+                if _comparable(state, key) != _comparable(states[0], key):
                     raise CheckpointError(
                         f"cannot resume on another number of processes: the processes were at different points of "
-                        f"the data when it was saved (rank 0: {_refusals.where(states[0])}; rank {rank}: {_refusals.where(state)}), "
-                        "so no single position can be re-dealt to the new processes; resume it on the same number "
-                        "of processes, or from a checkpoint saved while the processes were in step"
+                        f"the data when it was saved (rank 0: {_refusals.where(states[0])}; rank {rank}: "
+                        f"{_refusals.where(state)}), so no single position can be re-dealt to the new processes; "
+                        "resume it on the same number of processes, or from a checkpoint saved while the "
+                        "processes were in step"
                     )
-        return states[0]
+        entry = states[0].get(PASS) if isinstance(states[0], Mapping) else None
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("origin"), Mapping) or \
+                entry["origin"].get("mark") is None:
+            return states[0]
+        mark = self.merge_rank_states([state[PASS]["origin"]["mark"] for state in states])
+        origin = dict(entry["origin"], mark=mark)
+        return dict(states[0], **{PASS: dict(entry, origin=origin)})
 
     # ----------------------------------------------------------------- lifecycle internals
-    def _run(self) -> Generator[Any, None, Optional[str]]:
-        origin = self._pass_origin = PassOrigin.of(self)
-        self._phase = Phase.ITERATING
-        self._begin()
-        batches = self._batches()
-        finished = False
-        try:
-            for batch in batches:
-                yield batch
-                if self.on_batch_returned is not None:
-                    self.on_batch_returned()
-            finished = True
-        finally:
-            batches.close()
-            self._end()
-            self._end_epoch() if finished else self._abandon()
-        # A ``for`` loop ignores this; a bare ``next(iter(dl))`` shows it with its StopIteration.
-        return empty_tail_note(origin, len(self)) if origin.at_end else None
-
-    def _end_epoch(self) -> None:
-        self._pass_origin = None
-        self._epoch += 1
-        self._rewind()
-        self._phase = Phase.EXHAUSTED
-
-    def _abandon(self) -> None:
-        """A pass dropped before its end: it truncated its epoch if the model was trained, else it is undone."""
-        origin, self._pass_origin = self._pass_origin, None
-        if origin is None:  # a loader state from before this rule: restart the epoch, as it used to
-            self._start_epoch(self._epoch)
-            return
-        if origin.truncated_by_training(self._batches_taken()):
-            self._end_epoch()
-            return
-        if origin.mark is None:
-            self._rewind()
-        else:
-            self._restore(origin.mark)
-        self._epoch, self._phase = origin.epoch, origin.phase
-
-    def _at_epoch_end(self) -> bool:
-        """Whether every batch of the current epoch has been taken (a position restored at the epoch's end)."""
-        try:
-            total = len(self)
-        except TypeError:  # a stream without a length
-            return False
-        return total > 0 and self._batches_taken() >= total
-
-    def _live_iterator(self) -> Optional[Generator]:
-        run = self._live() if self._live is not None else None
-        return run if run is not None and run.gi_frame is not None else None
-
     def _refuse_if_live(self, action: str) -> None:
-        if self._live_iterator() is not None:
+        if self._life.is_live():
             raise LifecycleError(
                 f"{action} called while an iterator over this loader is live (epoch {self._epoch}, "
-                f"{self.batches_yielded} batches taken); finish or drop that iterator first, "
+                f"{self._batches_taken()} batches taken); finish or drop that iterator first, "
                 "or call it before iter()"
             )
+
+    def _digest(self) -> tuple:
+        """What every rank must agree on when a checkpoint is taken or loaded (``checkpoint._in_step``)."""
+        return self._life.digest()
+
+    def _has_live_pass(self) -> bool:
+        return self._life.is_live()
+
+    def _anchor(self) -> None:
+        """The program starts here (a resume that found nothing): count its warm-up passes anew."""
+        self._life.anchor()
+
+    def _all_taken(self) -> int:
+        """A finished epoch's batch count after a resume on another number of processes: this loader's length
+        (0 for a stream without one)."""
+        try:
+            return len(self)
+        except TypeError:
+            return 0
+
+    def _stand_at_finished_epoch(self) -> None:
+        """Between two epochs after a resume: stand at the end of the finished one, every batch taken (how the
+        command line describes such a checkpoint). Streams, which cannot be positioned, stay where they are."""
+        boundary = self._life.boundary()
+        if boundary is None:
+            return
+        try:
+            self._start_epoch(boundary[0])
+            self._seek(len(self))
+        except (TypeError, UnsupportedConfigError):  # a stream: no length, no seek
+            self._end_epoch()
+            return
+        self._life.leave_boundary()
+        self._life.phase = Phase.RESTORED
+
+    def _epoch_complete(self) -> bool:
+        """Whether every rank has taken every batch of the epoch (the position is the epoch's end).
+
+        Called after each batch handed out, and after a restore. By default this rank's last batch was just
+        handed out (streams, the dispatcher: a read ahead knows it); position-based variants override it.
+        """
+        return self.end_of_dataloader and self._life.live is not None
+
+    def _epoch_complete_at_restore(self) -> bool:
+        """Whether a restored position is its epoch's end (a state written by an earlier release, which
+        recorded an epoch's end as its last batch); ``False`` where only reading can tell."""
+        return False
 
     def _place(self, batch: Any) -> Any:
         """The batch on this loader's device (Accelerate's device placement)."""
@@ -304,18 +349,41 @@ class DataLoaderAdapter(Stateful):
         self.remainder = self._remainder()
         GradientState()._add_dataloader(self)
 
+    def _activate(self) -> None:
+        """Accelerate's ``GradientState`` follows the loader whose batch the loop took last.
+
+        Its ``end_of_dataloader`` (the sync of ``accelerator.accumulate``) and ``remainder``
+        (``gather_for_metrics``) are then those of the batch being trained on, whatever order passes began in.
+        """
+        state = GradientState()
+        references = state.dataloader_references
+        if references[-1] is not self:
+            state.dataloader_references = [ref for ref in references if ref is not self] + [self]
+
     def _end(self) -> None:
         GradientState()._remove_dataloader(self)
 
+    def _open_base(self) -> Iterator[Any]:
+        """An iterator over the base loader, remembered so that its workers can be stopped at once."""
+        base_iter = iter(self._base)
+        self._base_iter = weakref.ref(base_iter)
+        return base_iter
+
+    def _release_workers(self) -> None:
+        """Stop the workers of this loader's base iterator now (a pass ended by an exception)."""
+        base_iter = self._base_iter() if self._base_iter is not None else None
+        if base_iter is not None:
+            shut_down(base_iter)
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_live"] = None
+        state["_base_iter"] = None
         return state
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(epoch={self._epoch}, batches_yielded={self.batches_yielded}, "
-            f"phase={self._phase.value!r}, rank={self.ctx.rank}/{self.ctx.world_size})"
+            f"{type(self).__name__}(epoch={self._resume_point()[0]}, batches_yielded={self.batches_yielded}, "
+            f"phase={self.phase.value!r}, rank={self.ctx.rank}/{self.ctx.world_size})"
         )
 
     # ----------------------------------------------------------------- variant hooks
@@ -372,3 +440,13 @@ class DataLoaderAdapter(Stateful):
             raise ValueError(
                 f"cannot skip {num_batches} batches: epoch {self._epoch} has {len(self)} batches on this rank"
             )
+
+
+def _comparable(state: Any, key: str) -> Any:
+    """``state[key]``, with a live pass's starting point reduced to what every rank must share."""
+    value = state.get(key) if isinstance(state, Mapping) else None
+    if key == PASS and isinstance(value, Mapping) and isinstance(value.get("origin"), Mapping):
+        origin = value["origin"]
+        return (value.get("trained"), value.get("peeks"), origin.get("epoch"), origin.get("phase"),
+                origin.get("taken"), origin.get("mark") is None)
+    return value

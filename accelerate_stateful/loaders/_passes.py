@@ -1,70 +1,154 @@
-"""What a pass over a loader leaves behind when it is dropped before its end (see ``docs/lifecycle.md``).
+"""A pass over a loader: what ``iter(loader)`` returns, and the record the loader keeps of it.
 
-The rule, chosen so that a resumed run always does what the uninterrupted run does:
-
-- a pass dropped while the model was trained (``accelerator.backward()`` or an optimizer step
-  ran while it was live), truncated its epoch: the next pass is the next epoch, as with ``set_epoch``;
-- any other dropped pass (a warm-up ``next(iter(dl))``, a shape check, an evaluation stopped after a
-  few batches, ``iter()`` called twice) is undone: the loader is back where that pass began, and
-  ``state_dict()`` records that.
-
-A pass is dropped when its iterator is closed: when the next ``iter()`` starts, or when the last
-reference to it goes (in CPython at once, e.g. on ``break`` out of ``for batch in dl``). While an
-iterator is still held, the pass is live and ``state_dict()`` is the position after the last batch
-the loop took.
+The record (:class:`PassRecord`) belongs to the loader and holds everything the lifecycle decides
+from: where the pass began, whether the model was trained on it, how many batches it handed out.
+The iterator (:class:`PassHandle`) belongs to the training loop. When the loop lets the iterator go,
+the only thing that happens is that the record is flagged as dropped: no verdict is taken and no
+shared state is touched in a finalizer, which may run at any moment and in any thread (whichever
+triggers a garbage collection). The verdict is taken by the loader, on the thread that calls it, at
+its next call (``_lifecycle``), and ``save_state``/``load_state`` collect garbage at the same program
+point on every rank before they look, so every rank decides the same.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
-from ..training import _training
+from ..errors import UnsupportedConfigError
+
+if TYPE_CHECKING:
+    from ._adapter import DataLoaderAdapter
+
+
+class Phase(enum.Enum):
+    """Where a loader is in its lifecycle (see ``docs/lifecycle.md``)."""
+
+    NOT_STARTED = "not started"
+    ITERATING = "iterating"
+    EXHAUSTED = "exhausted"
+    RESTORED = "restored"
+
+
+class Kind(enum.Enum):
+    """What a pass is to the run (``_lifecycle`` explains replays and continuations)."""
+
+    NORMAL = "normal"
+    REPLAY = "replay"  # after a resume: a re-run of a pass the saving run made before its live pass
+    CONTINUATION = "continuation"  # after a resume: the saving run's live pass, going on
+    BOUNDARY = "boundary"  # after a resume between two epochs: which of them it reads is decided at its first next()
 
 
 @dataclass(frozen=True)
 class PassOrigin:
-    """Where a pass began: enough to undo it, and to tell what happened while it was live.
+    """Where a pass began: enough to undo it.
 
     Attributes:
         epoch: The loader's epoch when the pass began.
-        phase: The lifecycle phase to return to when the pass is undone.
-        mark: The position to return to (``None``: the start of ``epoch``).
+        phase: The lifecycle phase to return to when the pass is undone (a ``Phase`` value).
         taken: Batches of the epoch already taken when the pass began.
-        trained: The process's training-step count when the pass began.
-        at_end: Whether the pass began at the end of its epoch (a loader restored after the epoch's last batch).
+        mark: The loader state to return to, or ``None`` for the start of ``epoch``.
     """
 
     epoch: int
-    phase: Any
-    mark: Optional[Any]
+    phase: str
     taken: int
-    trained: int
-    at_end: bool
+    mark: Optional[Mapping[str, Any]] = None
+
+    def to_state(self) -> dict:
+        return {"epoch": self.epoch, "phase": self.phase, "taken": self.taken, "mark": self.mark}
 
     @classmethod
-    def of(cls, loader: Any) -> "PassOrigin":
-        """Where a pass over ``loader`` (a ``DataLoaderAdapter``) begins, read before it takes anything."""
-        phase = loader.phase.value
-        return cls(
-            epoch=loader.epoch,
-            phase=loader.phase,
-            mark=None if phase in ("not started", "exhausted") else loader.state_dict(),
-            taken=loader._batches_taken(),
-            trained=_training.trained_count(),
-            at_end=phase == "restored" and loader._at_epoch_end(),
+    def from_state(cls, entry: Any, where: str) -> "PassOrigin":
+        """Read back :meth:`to_state`, refusing a damaged entry in the user's terms."""
+        ok = (
+            isinstance(entry, Mapping)
+            and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) and entry[k] >= 0
+                    for k in ("epoch", "taken"))
+            and entry.get("phase") in ("not started", "exhausted", "restored")
+            and (entry.get("mark") is None or isinstance(entry.get("mark"), Mapping))
         )
+        if not ok:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the record of the pass that was live when it was saved is damaged "
+                f"({entry!r}); resume from another checkpoint"
+            )
+        return cls(entry["epoch"], entry["phase"], entry["taken"], entry["mark"])
 
-    def truncated_by_training(self, taken_now: int) -> bool:
-        """Whether the pass took batches and the model was trained while it was live."""
-        return taken_now != self.taken and _training.trained_count() != self.trained
+
+class PassRecord:
+    """The loader's record of one pass.
+
+    Attributes:
+        kind: :class:`Kind`.
+        origin: Where the pass began (for a continuation: where the saving run's pass began).
+        serial: Opening order among all passes of this process (``_training``).
+        trained: Whether the model was trained while the pass was current.
+        peeks: Passes the program makes before this one, each dropped untrained (the saving run's count,
+            recorded so that a resume recognises their re-runs).
+        handed: Batches this pass handed out.
+        dropped: Set when the loop let the iterator go (the only thing a finalizer does).
+        closed: The pass ended and its verdict was taken.
+        complete: The pass handed out the epoch's last batch; ``final`` is ``(epoch, batches taken)`` then.
+        begun: The variant's batches were opened (and the loader registered with Accelerate's GradientState).
+    """
+
+    __slots__ = ("kind", "origin", "serial", "trained", "peeks", "handed", "dropped", "closed", "complete",
+                 "final", "begun")
+
+    def __init__(self, kind: Kind, origin: PassOrigin, serial: int, trained: bool, peeks: int) -> None:
+        self.kind, self.origin, self.serial, self.trained, self.peeks = kind, origin, serial, trained, peeks
+        self.handed = 0
+        self.dropped = self.closed = self.complete = self.begun = False
+        self.final: tuple[int, int] = (origin.epoch, origin.taken)
 
 
-def empty_tail_note(origin: PassOrigin, num_batches: int) -> str:
-    """The ``StopIteration`` text of a pass that began at the end of its epoch and so yields nothing."""
-    return (
-        f"this loader was restored after the last of the {num_batches} batches of epoch {origin.epoch}, so this "
-        f"pass yields nothing: code after your inner loop runs once for epoch {origin.epoch}, as in the "
-        f"uninterrupted run; the next iter() reads epoch {origin.epoch + 1}. Take a warm-up batch before "
-        "resume()/load_state() (a peek there is undone), not after"
-    )
+class PassHandle:
+    """The iterator of one pass: hands out the loader's batches while its pass is the loader's live one.
+
+    A handle whose pass ended (closed by the next ``iter()``, a load, ``set_epoch``) raises
+    ``StopIteration``.
+    """
+
+    __slots__ = ("_loader", "_record", "_batches", "__weakref__")
+
+    def __init__(self, loader: "DataLoaderAdapter", record: PassRecord) -> None:
+        self._loader = loader
+        self._record = record
+        self._batches: Optional[Iterator[Any]] = None
+
+    def __iter__(self) -> "PassHandle":
+        return self
+
+    def __next__(self) -> Any:
+        record = self._record
+        if record.closed:
+            raise StopIteration
+        life = self._loader._life
+        if self._batches is None:
+            self._batches = life.begin(record)
+        elif record.handed and self._loader.on_batch_returned is not None:
+            self._loader.on_batch_returned()
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            life.exhausted(record)
+            raise
+        except Exception:  # the pass cannot go on: judged now, its workers stopped, then re-raised
+            self._batches = None
+            life.failed(record)
+            raise
+        life.handed(record)
+        return batch
+
+    def close(self) -> None:
+        """Stop this pass's reading now (its workers end); the loader judges the pass."""
+        batches, self._batches = self._batches, None
+        if batches is not None and hasattr(batches, "close"):
+            batches.close()
+        self._record.dropped = True
+
+    def __del__(self) -> None:
+        # Only a flag: this may run in any thread, at any moment, or while the interpreter shuts down.
+        self._record.dropped = True

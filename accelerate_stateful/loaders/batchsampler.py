@@ -209,11 +209,19 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         own = rank_batches(self._steps_of_epoch(), self.ctx.rank, self._steps)
         self._feed.batches = [batch for _, batch in own]
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        for (step, _), batch in zip(own, self._base):
+        for (step, _), batch in zip(own, self._open_base()):
             yield step, batch
 
     def _commit(self, token: int) -> None:
         self._steps = token
+
+    def _epoch_complete(self) -> bool:
+        """This rank's last batch was handed out and every rank took every batch (the epoch's last global step)."""
+        return self.end_of_dataloader and self._epoch_complete_at_restore()
+
+    def _epoch_complete_at_restore(self) -> bool:
+        steps = len(self._steps_of_epoch())
+        return steps > 0 and self._steps >= steps
 
     def _batches_taken(self) -> int:
         return sum(1 for s in self._steps_of_epoch()[: self._steps] if s.batches[self.ctx.rank] is not None)

@@ -196,6 +196,17 @@ class DispatchDataLoader(DataLoaderAdapter):
     def _batches_taken(self) -> int:
         return self._steps
 
+    def _epoch_complete_at_restore(self) -> bool:
+        try:
+            total = len(self)
+        except TypeError:  # a stream: only reading finds its end
+            return False
+        return total > 0 and self._steps >= total
+
+    def _release_workers(self) -> None:
+        super()._release_workers()
+        self._reader._release_workers()
+
     def _position_state(self) -> dict:
         return {S.BATCHES_YIELDED: self._steps, FIRST: self._first, ORIGIN: list(self._step_origin)}
 

@@ -230,7 +230,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
         self._pass = (self._generation, rotation, starts)
         self._stream.start_pass(starts, rotation)
         self._worker_generator.manual_seed(mix_seed(self._seed, _WORKER_SALT))  # workers add (epoch, logical id)
-        for logical, number, batch in self._base:
+        for logical, number, batch in self._open_base():
             yield (logical, number), batch
 
     def _commit(self, token: tuple[int, int]) -> None:

@@ -239,7 +239,7 @@ class ShardDataLoader(DataLoaderAdapter):
         pipeline = self._pipeline
         self._sampler.set_pass(self._epoch_indices(), plan, step, functools.partial(pipeline.tag, where))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        for batch in pipeline.fetch(iter(self._base), where, step, read_ahead):
+        for batch in pipeline.fetch(self._open_base(), where, step, read_ahead):
             step += 1
             yield step, batch
 
@@ -249,7 +249,15 @@ class ShardDataLoader(DataLoaderAdapter):
     def _batches_taken(self) -> int:
         return self._plan.steps_for(self._consumed)
 
-    def progress(self) -> Optional[float]:
+    def _epoch_complete(self) -> bool:
+        """This rank's last batch was handed out and every rank took every batch (the busiest rank's last step)."""
+        return self.end_of_dataloader and self._epoch_complete_at_restore()
+
+    def _epoch_complete_at_restore(self) -> bool:
+        plan = self._plan
+        return plan.num_steps > 0 and self._consumed >= plan.samples_consumed(plan.num_steps)
+
+    def _progress(self) -> Optional[float]:
         """Samples of the epoch taken by all ranks together (after an elastic resume too), from 0 to 1."""
         return self._consumed / self._order.num_samples if self._order.num_samples else None
 

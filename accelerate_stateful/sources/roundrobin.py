@@ -214,7 +214,7 @@ class RoundRobinLoader(DataLoaderAdapter):
 
     def _open_pass(self) -> Iterator[tuple[int, Any]]:
         self._snapshots = {}
-        for number, batch in enumerate(self._base, start=self._taken + 1):
+        for number, batch in enumerate(self._open_base(), start=self._taken + 1):
             yield number, batch
 
     def _commit(self, token: int) -> None:

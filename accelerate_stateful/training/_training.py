@@ -1,42 +1,83 @@
-"""Whether the model was trained: the signal that tells an abandoned training pass from a peek.
+"""Whether the model was trained on a pass's batches: the signal that tells a truncated epoch from a peek.
 
 A pass over a loader that is dropped before its end (``break``, the longer loader of a ``zip``, a
 warm-up ``next(iter(dl))``) means one of two things, and the loader alone cannot tell which: the
 training loop truncated its epoch (the next pass is the next epoch), or the loop only looked at a
-batch (the next pass must start where this one began). What separates them is whether the model
-was trained while the pass was live. This module counts training steps process-wide: every
-``accelerator.backward()`` of this package's ``Accelerator`` and every ``optimizer.step()`` of any
-``torch.optim`` optimizer (a global post-step hook, installed once), so plain PyTorch loops count too.
+batch (the next pass starts where this one began). What separates them is whether the model was
+trained on the pass's batches. This module decides it from program order only, the same on every
+rank whatever the garbage collector does:
+
+- a pass is *current* from the moment it hands out a batch until a pass opened before it hands out
+  one (the loop around it moved on: ``for batch in train: ...; for v in eval: ...``), or it ends;
+- a *training event* marks every current pass as trained. Training events are every
+  ``accelerator.backward()`` of this package's ``Accelerator``, every ``optimizer.step()`` of any
+  ``torch.optim`` optimizer (a global post-step hook), and every backward pass that reaches a
+  parameter of a prepared model (``loss.backward()`` and a manual update included).
+
+A pass's "trained" mark is part of the loader state, so a resumed run knows what the pass it
+continues had done.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-_count = 0
+
+class Marked(Protocol):
+    """What this module needs of a pass: its opening order and a trained flag."""
+
+    serial: int
+    trained: bool
+
+
+_current: list = []  # the current passes, in the order they became current
+_serial = 0
 _hooked = False
+_WATCHED = "_accelerate_stateful_watched"
 
 
-def note_trained() -> None:
-    """Record one training step (a backward pass or an optimizer step)."""
-    global _count
-    _count += 1
+def next_serial() -> int:
+    """A number for a new pass: passes opened later have larger numbers (any loader, this process)."""
+    global _serial
+    _serial += 1
+    return _serial
 
 
-def trained_count() -> int:
-    """Training steps so far in this process; compare two readings to know whether training happened."""
-    return _count
+def handed_out(record: Marked) -> None:
+    """``record``'s pass handed out a batch: it is current; passes opened after it no longer are."""
+    if _current and not (len(_current) == 1 and _current[0] is record):
+        _current[:] = [p for p in _current if p.serial < record.serial]
+        _current.append(record)
+    elif not _current:
+        _current.append(record)
+
+
+def ended(record: Marked) -> None:
+    """``record``'s pass ended (exhausted, closed or judged): it is no longer current."""
+    if record in _current:
+        _current.remove(record)
+
+
+def note_trained(*_: Any) -> None:
+    """A training event: every current pass was trained."""
+    for record in _current:
+        record.trained = True
 
 
 def install() -> None:
-    """Count every ``optimizer.step()`` in this process (idempotent, cheap: one integer per step)."""
+    """Count every ``optimizer.step()`` in this process (idempotent; one loop over the current passes)."""
     global _hooked
     if not _hooked:
-        register_optimizer_step_post_hook(_on_step)
+        register_optimizer_step_post_hook(note_trained)
         _hooked = True
 
 
-def _on_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    note_trained()
+def watch(model: torch.nn.Module) -> None:
+    """Make every backward pass that reaches a trainable parameter of ``model`` a training event."""
+    for param in model.parameters():
+        if param.requires_grad and not getattr(param, _WATCHED, False):
+            param.register_post_accumulate_grad_hook(note_trained)
+            setattr(param, _WATCHED, True)

@@ -1,0 +1,65 @@
+"""Every rank at the same point of its data when a checkpoint is taken or loaded.
+
+A checkpoint is sealed as complete only if every rank's loaders describe the same point of the run.
+``save_state``, ``load_state`` and ``resume`` are collective, so every rank reaches them at the same
+point of its program; there each rank
+
+1. collects garbage, so an iterator that the program no longer reaches but that a reference cycle kept
+   (an exception held in a variable, say) is let go at the same point on every rank, whatever the
+   collector did before;
+2. takes the verdict of every pass let go (``loaders._lifecycle``);
+3. gathers every rank's lifecycle digest (epoch, batches taken, the live pass and what was done on it).
+
+If the digests differ, every rank refuses, with each rank's point in words and the fix.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Sequence
+
+from ._checkpoints import agree
+from .._context import DistContext
+from ..errors import CheckpointError, LifecycleError
+
+
+def settle(ctx: DistContext, loaders: Sequence[Any], operation: str) -> None:
+    """Collect garbage, take pending verdicts, and refuse on every rank unless every rank's loaders agree."""
+    gc.collect()
+    digests = agree(ctx, lambda: [loader._digest() for loader in loaders])
+    everyone = ctx.all_gather(digests)
+    for index in range(len(loaders)):
+        seen = [rank_digests[index] for rank_digests in everyone]
+        if any(d != seen[0] for d in seen[1:]):
+            points = "; ".join(f"rank {rank}: {_in_words(d)}" for rank, d in enumerate(seen))
+            raise CheckpointError(
+                f"cannot {operation}: loader {index} is at different points on the processes ({points}). This "
+                "happens when a process keeps an iterator over the loader that the others let go (in a global, "
+                "a list, or an exception kept in a variable) or trains on other batches; let the iterator go on "
+                "every process (or keep it on every process) before calling accelerator."
+                f"{operation}(), so that every process's loop is at the same point"
+            )
+
+
+def refuse_live(ctx: DistContext, loaders: Sequence[Any], operation: str) -> None:
+    """Refuse a load on every rank if any rank still holds an iterator of a loader (after :func:`settle`)."""
+    live = [index for index, loader in enumerate(loaders) if loader._has_live_pass()]
+    everyone = ctx.all_gather(live)
+    if any(everyone):
+        where = ", ".join(f"rank {rank}: loader(s) {found}" for rank, found in enumerate(everyone) if found)
+        raise LifecycleError(
+            f"accelerator.{operation}() called while an iterator over a prepared loader is live ({where}); "
+            "finish or drop that iterator first (a warm-up next(iter(dl)) is dropped at once; one kept in a "
+            "variable is not), or load before iter()"
+        )
+
+
+def _in_words(digest: tuple) -> str:
+    mode, epoch, taken, phase, live, waiting = digest
+    words = f"epoch {epoch} after {taken} batches, {phase}"
+    if live is not None:
+        kind, _, _, trained, handed, complete = live
+        words += f", an iterator live ({handed} batches from it, {'trained' if trained else 'not trained'})"
+    if waiting is not None:
+        words += ", a resumed pass waiting to be continued"
+    return words

@@ -1,0 +1,362 @@
+"""The lifecycle of a loader's passes, decided by program order (see ``docs/lifecycle.md``).
+
+The rules, each held here by construction:
+
+- **One live pass.** ``iter()`` ends the loader's live pass first (the old iterator then raises
+  ``StopIteration``).
+- **The end of an epoch is the start of the next.** When a pass hands out the last batch of its epoch
+  (of every rank's share), the position is the start of the next epoch at once: a checkpoint taken there
+  resumes *between* the two epochs (see :meth:`Lifecycle.boundary`).
+- **A pass dropped before its epoch's end** (``break``, an exception, the longer loader of a ``zip``, a
+  peek, the next ``iter()``) ends its epoch if the model was trained while it was current
+  (``training._training``), and is undone otherwise: the loader goes back to where the pass began.
+- **Verdicts follow program order.** Letting an iterator go only flags its pass (``_passes``); the verdict
+  is taken at the loader's next call, on the calling thread. ``save_state``/``load_state`` collect garbage
+  and take every pending verdict at the same point on every rank.
+- **What a pass has done is in the state.** A pass live at a save is recorded with where it began, whether
+  it was trained, and how many untrained passes the program made before it (``peeks``). After a resume,
+  the first ``peeks`` passes that are dropped untrained are re-runs of those (a warm-up peek, a shape
+  check at the top of the epoch): they read from the restored position and are undone; the next pass,
+  or the first that is trained, continues the saved pass, with its origin and its "trained" mark.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+
+from ..training import _training
+from ._passes import Kind, PassHandle, PassOrigin, PassRecord, Phase
+
+if TYPE_CHECKING:
+    from ._adapter import DataLoaderAdapter
+
+PASS = "pass"  # the state key of the live pass's record
+# The opening number of the newest continuation of a pass interrupted mid-epoch (any loader of this process).
+_continued = [0]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A pass that was live when the restored state was saved, waiting to be continued.
+
+    ``complete``: it had handed out its epoch's last batch (``taken`` of them); the loader stands at the
+    start of the next epoch, and the pass's continuation is the empty rest of its epoch.
+    """
+
+    origin: PassOrigin
+    trained: bool
+    peeks: int
+    saved: Mapping[str, Any]  # the position restored (this rank's, this topology's): a re-run is undone to it
+    complete: bool = False
+    taken: Optional[int] = 0  # None: saved on another topology, counted in other batches
+
+
+class Lifecycle:
+    """The phase, the live pass, and the verdicts of one loader's passes."""
+
+    def __init__(self, loader: "DataLoaderAdapter") -> None:
+        self._loader = loader
+        self.phase = Phase.NOT_STARTED
+        self.live: Optional[PassRecord] = None
+        self._handle: Optional[weakref.ref] = None
+        self.pending: Optional[Continuation] = None
+        self._replays_left = 0
+        self._in_finished_epoch = False  # at a boundary: the program said it is still in the finished epoch
+        self._restored_at = 0  # the opening number current when the last state was restored
+        self._streak = 0  # passes undone since the anchor, before the first pass that was not
+        self._prologue: Optional[int] = None
+        _training.install()
+
+    def __getstate__(self) -> dict:
+        """A copy of the loader (pickled) has no iterator: its live pass is one let go."""
+        state = self.__dict__.copy()
+        state["_handle"] = None
+        if self.live is not None:
+            state["live"] = copy.copy(self.live)
+            state["live"].dropped = True
+        return state
+
+    # ----------------------------------------------------------------- queries
+    def is_live(self) -> bool:
+        """Whether the program still reaches an iterator of this loader's pass that has not ended.
+
+        Reachable, not merely not yet collected: an iterator only a reference cycle keeps (an exception
+        kept in a variable) is collected first, so the answer is the same on every rank.
+        """
+        self.settle()
+        if self.live is not None:
+            gc.collect()
+            self.settle()
+        return self.live is not None
+
+    def anchor(self) -> None:
+        """Start counting the program's untrained passes anew (at prepare, a load, a resume that found nothing)."""
+        self.settle()
+        self._streak, self._prologue = 0, None
+
+    def boundary(self) -> Optional[tuple[int, int]]:
+        """After a resume between two epochs: ``(finished epoch, its batches)`` until the program moves on.
+
+        A checkpoint taken after an epoch's last batch (inside the loop) resumes between that epoch and the
+        next. The program re-enters the finished epoch, and its next pass is that epoch's empty rest (so the
+        code after its inner loop runs as in the uninterrupted run), when it asks ``dl.epoch`` (which answers
+        the finished epoch), calls ``set_epoch`` with it, or continues another loader's pass that was
+        interrupted mid-epoch (the partner of a ``zip``) before this pass's first batch. Otherwise (it counts
+        epochs itself, as ``step // len(dl)``) its next pass reads the next epoch.
+        """
+        pending = self.pending
+        if pending is None or not pending.complete:
+            return None
+        return pending.origin.epoch, self._finished_count()
+
+    def _finished_count(self) -> int:
+        """The finished epoch's batches, all taken: as saved on this topology, else this loader's length."""
+        taken = self.pending.taken
+        return taken if taken is not None else self._loader._all_taken()
+
+    def enter_finished_epoch(self) -> None:
+        """The program said it is in the finished epoch (see :meth:`boundary`)."""
+        if self.boundary() is not None:
+            self._in_finished_epoch = True
+
+    def leave_boundary(self) -> None:
+        """``set_epoch``/``seek`` moved the loader: the saved pass will not be continued."""
+        self.pending, self._replays_left, self._in_finished_epoch = None, 0, False
+
+    # ----------------------------------------------------------------- opening
+    def open(self) -> PassHandle:
+        """``iter(loader)``: end the live pass, then start a new one where the loader stands."""
+        self.settle()
+        if self.live is not None:
+            handle = self._handle() if self._handle is not None else None
+            if handle is not None:
+                handle.close()
+            self._judge(self.live)
+        record = self._new_record()
+        handle = PassHandle(self._loader, record)
+        self.live, self._handle = record, weakref.ref(handle)
+        return handle
+
+    def _new_record(self) -> PassRecord:
+        loader, serial = self._loader, _training.next_serial()
+        pending = self.pending
+        if pending is not None and self._replays_left > 0:
+            return PassRecord(Kind.REPLAY, pending.origin, serial, False, pending.peeks)
+        if pending is not None and not pending.complete:
+            self.pending = None
+            _continued[0] = serial
+            return PassRecord(Kind.CONTINUATION, pending.origin, serial, pending.trained, pending.peeks)
+        if pending is not None:
+            record = PassRecord(Kind.BOUNDARY, pending.origin, serial, pending.trained, pending.peeks)
+            if self._in_finished_epoch:
+                self._rest_of_finished_epoch(record)
+            return record
+        self.leave_boundary()
+        at_start = self.phase in (Phase.NOT_STARTED, Phase.EXHAUSTED)
+        origin = PassOrigin(loader._epoch, self.phase.value, loader._batches_taken(),
+                            None if at_start else loader._raw_state())
+        peeks = self._prologue if self._prologue is not None else self._streak
+        return PassRecord(Kind.NORMAL, origin, serial, False, peeks)
+
+    def begin(self, record: PassRecord) -> Iterator[Any]:
+        """The first ``next()``: the variant's batches from where the loader stands."""
+        if record.kind is Kind.BOUNDARY:
+            if _continued[0] > self._restored_at:  # the program re-entered the interrupted epoch
+                self._rest_of_finished_epoch(record)
+            else:
+                self.leave_boundary()
+                record.kind = Kind.NORMAL
+                record.origin = PassOrigin(self._loader._epoch, self.phase.value, 0)
+        self.phase = Phase.ITERATING
+        record.begun = True
+        self._loader._begin()
+        return iter(()) if record.complete else self._loader._batches()
+
+    def _rest_of_finished_epoch(self, record: PassRecord) -> None:
+        """Between two epochs, the pass that re-enters the finished one: its rest, which is empty."""
+        pending = self.pending
+        record.kind, record.complete = Kind.CONTINUATION, True
+        record.final = (pending.origin.epoch, self._finished_count())
+        self.leave_boundary()
+
+    # ----------------------------------------------------------------- events of a pass
+    def handed(self, record: PassRecord) -> None:
+        """The pass handed a batch to the loop."""
+        record.handed += 1
+        _training.handed_out(record)
+        self._loader._activate()
+        if record.trained:
+            self._promote(record)
+        if self._loader._epoch_complete():
+            self._complete(record)
+
+    def _complete(self, record: PassRecord) -> None:
+        """The pass handed out its epoch's last batch: the position is the start of the next epoch (unless the
+        pass is dropped untrained: a peek is undone wherever it stopped)."""
+        loader = self._loader
+        record.final = (loader._epoch, loader._batches_taken())
+        record.complete = True
+        loader._end_epoch()
+
+    def exhausted(self, record: PassRecord) -> None:
+        """The pass found no more batches: its epoch is over."""
+        if record.closed:
+            return
+        self._promote(record)
+        if not record.complete:
+            self._loader._end_epoch()
+        self._close(record, undone=False)
+
+    def failed(self, record: PassRecord) -> None:
+        """Reading the pass raised: it cannot go on. Its workers stop now; the verdict is a drop's."""
+        self._loader._release_workers()
+        self._judge(record)
+
+    def settle(self) -> None:
+        """Take the verdict of a live pass whose iterator was let go (flagged by its finalizer)."""
+        live = self.live
+        if live is None:
+            return
+        if live.trained:
+            self._promote(live)
+        if live.dropped or (self._handle is not None and self._handle() is None):
+            self._judge(live)
+
+    # ----------------------------------------------------------------- verdicts
+    def _judge(self, record: PassRecord) -> None:
+        """A pass dropped before the loop asked past its end: it ended its epoch, or it is undone."""
+        if record.closed:
+            return
+        loader = self._loader
+        if record.trained:
+            self._promote(record)
+        if record.complete and (record.trained or record.kind is Kind.CONTINUATION):  # the epoch ended already
+            undone = False
+        elif record.kind is Kind.BOUNDARY:  # let go before its first batch: nothing happened
+            undone = True
+        elif record.kind is Kind.REPLAY:  # a re-run of a pass the saving run undid: back to the restored position
+            self._replays_left -= 1
+            loader._restore(self.pending.saved)
+            loader._epoch = self.pending.saved["epoch"]
+            self.phase, undone = Phase.RESTORED, True
+        elif record.trained:
+            loader._end_epoch()
+            undone = False
+        else:
+            origin = record.origin
+            if origin.mark is None:
+                loader._epoch = origin.epoch
+                loader._rewind()
+            else:
+                loader._restore(origin.mark)
+                loader._epoch = origin.epoch
+            self.phase, undone = Phase(origin.phase), True
+        self._close(record, undone)
+
+    def _close(self, record: PassRecord, undone: bool) -> None:
+        record.closed = True
+        _training.ended(record)
+        if record.begun:
+            self._loader._end()
+        if self.live is record:
+            self.live, self._handle = None, None
+        if undone:
+            self._streak += 1
+            return
+        self.phase = Phase.EXHAUSTED
+        if self._prologue is None:
+            self._prologue = self._streak
+
+    def _promote(self, record: PassRecord) -> None:
+        """A re-run that was trained, or read past its epoch's end, was not a re-run: the program moved on.
+
+        Between two epochs it is a pass of the next epoch; otherwise it continues the saved pass.
+        """
+        pending = self.pending
+        if record.kind is not Kind.REPLAY or pending is None:
+            return
+        if pending.complete:
+            record.kind = Kind.NORMAL
+            record.origin = PassOrigin(pending.saved["epoch"], "exhausted", 0)
+        else:
+            record.kind, record.origin, record.peeks = Kind.CONTINUATION, pending.origin, pending.peeks
+            record.trained = record.trained or pending.trained
+        self.leave_boundary()
+
+    # ----------------------------------------------------------------- state
+    def entry(self) -> Optional[dict]:
+        """The ``"pass"`` entry of ``state_dict()``: the live (or waiting) pass a resume continues."""
+        live = self.live
+        if live is not None and live.kind not in (Kind.REPLAY, Kind.BOUNDARY):
+            return _entry(live.origin, live.trained, live.peeks, live.complete, live.final[1])
+        if self.pending is not None:
+            p = self.pending
+            return _entry(p.origin, p.trained, p.peeks, p.complete, self._finished_count() if p.complete else 0)
+        return None
+
+    def replaying(self) -> bool:
+        """Whether a re-run pass is live: the state is then the restored one (a re-run is undone)."""
+        live = self.live
+        return live is not None and live.kind in (Kind.REPLAY, Kind.BOUNDARY) and self.pending is not None
+
+    def restore(self, state: Mapping[str, Any], where: str) -> None:
+        """After the loader took ``state``'s position: the phase, and the pass waiting to be continued."""
+        self.anchor()
+        self.leave_boundary()
+        self._restored_at = _training.next_serial()
+        loader = self._loader
+        entry = state.get(PASS)
+        self.phase = Phase.RESTORED
+        if entry is None and loader._epoch_complete_at_restore():
+            # Written at an epoch's end by an earlier release, which recorded it as the last batch taken.
+            taken = loader._batches_taken()
+            loader._end_epoch()
+            entry = {"origin": PassOrigin(loader._epoch - 1, "restored", 0).to_state(), "trained": False,
+                     "peeks": 0, "complete": True, "taken": taken}
+        if entry is None:
+            return
+        check_entry({PASS: entry}, where)
+        origin = PassOrigin.from_state(entry["origin"], where)
+        complete = bool(entry.get("complete", False))
+        if complete:
+            self.phase = Phase.EXHAUSTED
+        same_topology = state["topology"].get("world_size") == loader.ctx.world_size
+        self.pending = Continuation(origin, entry["trained"], entry["peeks"], loader._raw_state(), complete,
+                                    entry.get("taken", 0) if same_topology else None)
+        self._replays_left = entry["peeks"]
+
+    def digest(self) -> tuple:
+        """What every rank must agree on when a checkpoint is taken or loaded."""
+        self.settle()
+        live, loader = self.live, self._loader
+        pass_part = None if live is None else (live.kind.value, live.origin.epoch, live.origin.taken, live.trained,
+                                               live.handed, live.complete)
+        waiting = None if self.pending is None else (self.pending.origin.epoch, self.pending.origin.taken,
+                                                     self.pending.trained, self.pending.complete,
+                                                     self._replays_left, self._in_finished_epoch)
+        return (loader.mode, loader._epoch, loader._batches_taken(), self.phase.value, pass_part, waiting)
+
+
+def _entry(origin: PassOrigin, trained: bool, peeks: int, complete: bool, taken: int) -> dict:
+    entry = {"origin": origin.to_state(), "trained": trained, "peeks": peeks}
+    if complete:
+        entry.update(complete=True, taken=taken)
+    return entry
+
+
+def check_entry(state: Mapping[str, Any], where: str) -> Optional[Mapping[str, Any]]:
+    """Refuse a damaged ``"pass"`` entry in the user's terms; returns the state its pass began from, if any."""
+    entry = state.get(PASS)
+    if entry is None:
+        return None
+    peeks = entry.get("peeks") if isinstance(entry, Mapping) else None
+    taken = entry.get("taken", 0) if isinstance(entry, Mapping) else None
+    if not (isinstance(entry, Mapping) and isinstance(entry.get("trained"), bool)
+            and isinstance(entry.get("complete", False), bool)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (peeks, taken))):
+        PassOrigin.from_state(None, where)  # raises, saying the record is damaged
+    return PassOrigin.from_state(entry.get("origin"), where).mark

@@ -1,0 +1,285 @@
+"""Generated training programs over two prepared loaders, for the lifecycle property tests.
+
+A program is drawn from a seed: its loaders (sizes, batch sizes, ``drop_last``), the shape of its inner
+loop (``for``, a step-based ``it = iter(dl)``, ``zip``, a nested evaluation cut short), where it truncates
+its epochs, whether it peeks at the top of each epoch or once after resuming, where it saves, when it
+collects garbage, and on which rank it keeps a caught exception (a frame cycle that keeps an iterator
+alive after its function returned) or turns the garbage collector off. Every program is written the way
+users write loops that resume: it calls ``accelerator.load_state`` (or starts afresh), re-enters its
+epochs at ``dl.epoch``, or at its own counters (``step // len(dl)``; its own epoch with ``set_epoch``),
+and its counters are saved with the checkpoint (``register_for_checkpointing``).
+
+``run()`` returns the trace (every batch trained on or evaluated, with its loader, the program's epoch
+and Accelerate's ``sync_gradients``; the final weights), the trace length at each save, and the folder
+of each save. A resumed run's trace must continue the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from accelerate.state import GradientState
+from torch.utils.data import DataLoader
+
+KEPT: list = []  # iterators a program keeps reachable on one rank (the refusal case)
+
+
+@dataclass(frozen=True)
+class Program:
+    seed: int
+    n_a: int
+    bs_a: int
+    drop_last: bool
+    n_b: int
+    bs_b: int
+    pattern: str  # "for", "steps", "zip" or "nested"
+    limit: Optional[int]  # steps per epoch: a break at the top ("for", "zip", "nested"), the count ("steps")
+    restart: str  # "epoch" (range(dl.epoch, E)), "count" (step // len(dl)), "own" (own epoch + set_epoch)
+    top_peek: bool
+    prologue_peek: bool
+    save_every: int
+    save_offset: int
+    save_after_loop: bool
+    post_eval: int  # evaluation steps over B after the inner loop (0: none)
+    keep_exception_rank: Optional[int] = None
+    gc_off_rank: Optional[int] = None
+    gc_every_rank: Optional[int] = None
+    keep_live_rank: Optional[int] = None  # keeps the step iterator reachable on that rank: saves are refused
+    epochs: int = 3
+
+    @property
+    def refused(self) -> bool:
+        return self.keep_live_rank is not None
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.__dict__.items())
+
+
+def draw(seed: int, world: int, refusal: bool = False) -> Program:
+    """A program, from ``seed``; ``refusal``: one that keeps an iterator reachable on one rank only."""
+    rng = random.Random(seed)
+    bs_a = rng.randint(1, 3)
+    n_a = rng.randint(2 * world * bs_a, 5 * world * bs_a)
+    pattern = "steps" if refusal else rng.choice(["for", "steps", "zip", "nested"])
+    per_rank = _per_rank(n_a, bs_a, world, drop_last := rng.random() < 0.3)
+    limit = None
+    if pattern == "steps":
+        limit = rng.randint(1, per_rank)
+    elif rng.random() < 0.4:
+        limit = rng.randint(1, max(per_rank - 1, 1))
+    restart = rng.choice(["epoch", "own"] + (["count"] if pattern == "for" and limit is None else []))
+    program = Program(
+        seed=seed, n_a=n_a, bs_a=bs_a, drop_last=drop_last, n_b=rng.randint(world, 4 * world * 2),
+        bs_b=rng.randint(1, 2), pattern=pattern, limit=limit, restart=restart, top_peek=rng.random() < 0.35,
+        prologue_peek=rng.random() < 0.3, save_every=rng.randint(1, 3), save_offset=0,
+        save_after_loop=rng.random() < 0.5, post_eval=0 if restart == "count" else rng.choice([0, 0, 1, 2]),
+        keep_exception_rank=rng.choice([None, *range(world)]), gc_off_rank=rng.choice([None, *range(world)]),
+        gc_every_rank=rng.choice([None, *range(world)]),
+    )
+    program = replace(program, save_offset=rng.randrange(program.save_every))
+    return replace(program, keep_live_rank=rng.randrange(world), save_after_loop=True) if refusal else program
+
+
+def _per_rank(n: int, bs: int, world: int, drop_last: bool) -> int:
+    steps = n // (bs * world) if drop_last else -(-n // (bs * world))
+    return max(steps, 1)
+
+
+class Counters:
+    """The program's own counters, saved with the checkpoint."""
+
+    def __init__(self) -> None:
+        self.epoch, self.in_epoch, self.step, self.saves = -1, 0, 0, 0
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+class Run:
+    """One run of a program in this process: prepares fresh objects, optionally loads a checkpoint."""
+
+    def __init__(self, program: Program, accelerator: Any, root: Path, rank: int,
+                 resume_from: Optional[Path] = None) -> None:
+        self.p, self.acc, self.root, self.rank = program, accelerator, root, rank
+        self.trace: list = []
+        self.saves: list[tuple[int, int, Path]] = []  # (save number, trace length, folder)
+        _fresh(accelerator)
+        torch.manual_seed(program.seed)
+        model = torch.nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        a = DataLoader(list(range(program.n_a)), batch_size=program.bs_a, shuffle=True,
+                       drop_last=program.drop_last, generator=torch.Generator().manual_seed(program.seed))
+        b = DataLoader(list(range(100, 100 + program.n_b)), batch_size=program.bs_b, shuffle=True,
+                       generator=torch.Generator().manual_seed(program.seed + 1))
+        self.model, self.optimizer, self.a, self.b = accelerator.prepare(model, optimizer, a, b)
+        self.ctr = Counters()
+        accelerator.register_for_checkpointing(self.ctr)
+        if resume_from is not None:
+            accelerator.load_state(str(resume_from))
+
+    # ----------------------------------------------------------------- the program
+    def __call__(self) -> "Run":
+        p, rank = self.p, self.rank
+        if p.gc_off_rank == rank:
+            gc.disable()
+        try:
+            if p.prologue_peek:
+                next(iter(self.a))
+            for epoch in self._epochs():
+                self._epoch_body(epoch)
+            self.trace.append(("weights", [round(float(v), 12) for v in self.model.parameters()
+                                           for v in v.detach().flatten()]))
+        finally:
+            gc.enable()
+        return self
+
+    def _epochs(self) -> range:
+        p, a = self.p, self.a
+        if p.restart == "epoch":
+            return range(a.epoch, p.epochs)
+        if p.restart == "count":
+            return range(self.ctr.step // len(a), p.epochs)
+        return range(max(self.ctr.epoch, 0), p.epochs)
+
+    def _epoch_body(self, epoch: int) -> None:
+        p, a, ctr = self.p, self.a, self.ctr
+        if epoch != ctr.epoch:
+            ctr.epoch, ctr.in_epoch = epoch, 0
+        if p.restart == "own":
+            a.set_epoch(epoch)
+        if p.top_peek:
+            next(iter(a))
+        if p.pattern == "steps":
+            self._steps(epoch)
+        elif p.pattern == "zip":
+            for batch, other in zip(a, self.b):
+                if self._truncated():
+                    break
+                self._train(epoch, batch, other)
+                self._maybe_save()
+        else:
+            for batch in a:
+                if self._truncated():
+                    break
+                self._train(epoch, batch)
+                if p.pattern == "nested" and ctr.step % 2 == 0:
+                    self._evaluate(2)
+                self._maybe_save()
+        if p.restart != "count":  # a loop that counts its epochs by steps skips this after a resume at the end
+            if p.post_eval:
+                self._evaluate(p.post_eval)
+            self.trace.append(("after", epoch))
+        ctr.epoch, ctr.in_epoch = epoch + 1, 0  # the epoch is done: a save from here on resumes at the next
+        if p.save_after_loop:
+            self._save()
+
+    def _steps(self, epoch: int) -> None:
+        p, ctr = self.p, self.ctr
+        it = iter(self.a)
+        kept = None
+        for _ in range(ctr.in_epoch, p.limit):
+            self._train(epoch, next(it))
+            self._maybe_save()
+            if p.keep_exception_rank == self.rank and kept is None:
+                try:
+                    raise RuntimeError("kept in a variable: its traceback holds this frame, and the frame `it`")
+                except RuntimeError as exc:
+                    kept = exc
+        if p.keep_live_rank == self.rank:
+            KEPT.append(it)
+
+    def _truncated(self) -> bool:
+        return self.p.limit is not None and self.ctr.in_epoch >= self.p.limit
+
+    def _train(self, epoch: int, batch: Any, other: Any = None) -> None:
+        acc, ctr = self.acc, self.ctr
+        with acc.accumulate(self.model):
+            x = batch.float().view(-1, 1)
+            if other is not None:
+                x = torch.cat([x, other.float().view(-1, 1) / 100])
+            loss = (self.model(x) ** 2).mean()
+            acc.backward(loss)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        tag = "A" if other is None else "A+B"
+        extra = [] if other is None else other.tolist()
+        self.trace.append((tag, epoch, batch.tolist(), extra, acc.sync_gradients))
+        ctr.in_epoch += 1
+        ctr.step += 1
+        if self.p.gc_every_rank == self.rank and ctr.step % 3 == 0:
+            gc.collect()
+
+    def _maybe_save(self) -> None:
+        """At the end of a step (all of its work done), as a loop that resumes must save."""
+        if self.ctr.step % self.p.save_every == self.p.save_offset:
+            self._save()
+
+    def _evaluate(self, steps: int) -> None:
+        for i, batch in enumerate(self.b):
+            self.trace.append(("eval", batch.tolist(), self.b.end_of_dataloader))
+            if i + 1 >= steps:
+                break
+
+    def _save(self) -> None:
+        folder = self.root / f"save_{self.ctr.saves}"
+        self.ctr.saves += 1
+        self.acc.save_state(str(folder))
+        self.saves.append((self.ctr.saves - 1, len(self.trace), folder))
+
+
+def _fresh(accelerator: Any) -> None:
+    """A new program start in this process: nothing prepared, nothing registered, no loader active."""
+    accelerator._models, accelerator._optimizers, accelerator._schedulers = [], [], []
+    accelerator._dataloaders, accelerator._custom_objects = [], []
+    accelerator.step = 0
+    GradientState().dataloader_references = [None]
+    KEPT.clear()
+    gc.collect()
+
+
+def check(program: Program, accelerator: Any, root: Path, rank: int, picks: int = 3) -> list[str]:
+    """Run ``program`` uninterrupted, then resumed from some of its saves (and once from a resumed run's
+    save); returns the differences found (empty: exact). A program that must be refused returns the
+    refusal's text as its only entry, prefixed with ``refused:``."""
+    rng = random.Random(program.seed * 7 + 1)
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        reference = Run(program, accelerator, root / "reference", rank)()
+    except Exception as exc:  # noqa: BLE001 (returned to the caller, which compares it across ranks)
+        if program.refused:
+            return [f"refused: {type(exc).__name__}: {exc}"]
+        raise
+    if program.refused:
+        return ["a save with an iterator kept on one rank only was not refused"]
+    found = []
+    chosen = rng.sample(reference.saves, min(picks, len(reference.saves)))
+    for number, at, folder in chosen:
+        resumed = Run(program, accelerator, root / f"resumed_{number}", rank, resume_from=folder)()
+        if reference.trace[:at] + resumed.trace != reference.trace:
+            found.append(_difference(f"resumed from save {number}", reference.trace, at, resumed.trace))
+            continue
+        later = [s for s in resumed.saves if s[0] > number]
+        if later:
+            again_number, again_at, again_folder = rng.choice(later)
+            chained = Run(program, accelerator, root / f"chained_{number}", rank, resume_from=again_folder)()
+            prefix = reference.trace[:at] + resumed.trace[:again_at]
+            if prefix + chained.trace != reference.trace:
+                found.append(_difference(f"resumed from save {number}, then from its save {again_number}",
+                                         reference.trace, len(prefix), chained.trace))
+    return found
+
+
+def _difference(what: str, reference: list, at: int, resumed: list) -> str:
+    expected = reference[at:]
+    index = next((i for i, (x, y) in enumerate(zip(expected, resumed)) if x != y), min(len(expected), len(resumed)))
+    return (f"{what}: at trace entry {at + index}, expected {expected[index:index + 3]}, got "
+            f"{resumed[index:index + 3]} ({len(expected)} entries expected after the save, {len(resumed)} got)")
