@@ -144,7 +144,7 @@ class Accelerator(accelerate.Accelerator):
             return super().save_state(output_dir, safe_serialization, **kwargs)
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "save_state")
-        _in_step.settle(ctx, self.stateful_loaders, "save_state")
+        _in_step.settle(ctx, self.stateful_loaders, "accelerator.save_state()")
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         if root is not None:
@@ -183,7 +183,7 @@ class Accelerator(accelerate.Accelerator):
             return super().load_state(input_dir, load_kwargs, **kwargs)
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "load_state")
-        self._ready_to_load(ctx, "load_state")
+        self._ready_to_load(ctx, "accelerator.load_state()")
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming:
                 raise ValueError("load_state() needs an input_dir when automatic_checkpoint_naming is off")
@@ -219,7 +219,7 @@ class Accelerator(accelerate.Accelerator):
             checkpoint_root = self._checkpoint_root()
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "resume")
-        self._ready_to_load(ctx, "resume")
+        self._ready_to_load(ctx, "accelerator.resume()")
         found = _resume.agreed_latest(ctx, Path(checkpoint_root))
         if found is None:
             for loader in self.stateful_loaders:
@@ -245,10 +245,10 @@ class Accelerator(accelerate.Accelerator):
         return _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
 
     # ----------------------------------------------------------------- internals
-    def _ready_to_load(self, ctx: DistContext, operation: str) -> None:
+    def _ready_to_load(self, ctx: DistContext, call: str) -> None:
         """Every rank's loaders at the same point and none iterating, or a refusal on every rank."""
-        _in_step.settle(ctx, self.stateful_loaders, operation)
-        _in_step.refuse_live(ctx, self.stateful_loaders, operation)
+        _in_step.settle(ctx, self.stateful_loaders, call)
+        _in_step.refuse_live(ctx, self.stateful_loaders, call)
 
     def _unwrapped_models(self) -> list:
         return [self.unwrap_model(model) for model in self._models]

@@ -265,7 +265,7 @@ def test_a_live_iterator_on_any_loader_refuses_the_load_before_any_loader_change
     saved = LoaderCheckpoint([_advanced(shard()), _advanced(shard())]).state_dict()
     it = iter(second)
     next(it)
-    with pytest.raises(LifecycleError, match="iterator over this loader is live"):
+    with pytest.raises(LifecycleError, match=r"LoaderCheckpoint.load_state_dict\(\) called while an iterator over a prepared loader is live \(rank 0: loader\(s\) \[1\]\)"):
         LoaderCheckpoint([first, second]).load_state_dict(saved)
     assert first.state_dict() == shard().state_dict()
 

@@ -23,8 +23,12 @@ from .._context import DistContext
 from ..errors import CheckpointError, LifecycleError
 
 
-def settle(ctx: DistContext, loaders: Sequence[Any], operation: str) -> None:
-    """Collect garbage, take pending verdicts, and refuse on every rank unless every rank's loaders agree."""
+def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
+    """Collect garbage, take pending verdicts, and refuse on every rank unless every rank's loaders agree.
+
+    Args:
+        call: The collective call being made, as the user wrote it (``accelerator.save_state()``), for messages.
+    """
     gc.collect()
     digests = agree(ctx, lambda: [loader._digest() for loader in loaders])
     everyone = ctx.all_gather(digests)
@@ -33,22 +37,22 @@ def settle(ctx: DistContext, loaders: Sequence[Any], operation: str) -> None:
         if any(d != seen[0] for d in seen[1:]):
             points = "; ".join(f"rank {rank}: {_in_words(d)}" for rank, d in enumerate(seen))
             raise CheckpointError(
-                f"cannot {operation}: loader {index} is at different points on the processes ({points}). This "
+                f"{call} refused: loader {index} is at different points on the processes ({points}). This "
                 "happens when a process keeps an iterator over the loader that the others let go (in a global, "
                 "a list, or an exception kept in a variable) or trains on other batches; let the iterator go on "
-                "every process (or keep it on every process) before calling accelerator."
-                f"{operation}(), so that every process's loop is at the same point"
+                f"every process (or keep it on every process) before {call}, so that every process's loop is at "
+                "the same point"
             )
 
 
-def refuse_live(ctx: DistContext, loaders: Sequence[Any], operation: str) -> None:
+def refuse_live(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
     """Refuse a load on every rank if any rank still holds an iterator of a loader (after :func:`settle`)."""
     live = [index for index, loader in enumerate(loaders) if loader._has_live_pass()]
     everyone = ctx.all_gather(live)
     if any(everyone):
         where = ", ".join(f"rank {rank}: loader(s) {found}" for rank, found in enumerate(everyone) if found)
         raise LifecycleError(
-            f"accelerator.{operation}() called while an iterator over a prepared loader is live ({where}); "
+            f"{call} called while an iterator over a prepared loader is live ({where}); "
             "finish or drop that iterator first (a warm-up next(iter(dl)) is dropped at once; one kept in a "
             "variable is not), or load before iter()"
         )

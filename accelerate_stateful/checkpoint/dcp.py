@@ -33,6 +33,7 @@ from safetensors.torch import save as st_save
 from torch.distributed.checkpoint.stateful import Stateful
 
 from . import _files
+from . import _in_step
 from ..loaders._adapter import DataLoaderAdapter
 from ._versions import refuse_unknown_version
 from ..errors import CheckpointError, Mismatch, StateMismatchError, StateSerializationError
@@ -105,7 +106,12 @@ class LoaderCheckpoint(Stateful):
 
     # ----------------------------------------------------------------- Stateful
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        """``{"rank_<r>": {"loader_<i>": buffer}}``; the same keys and shapes in every lifecycle state."""
+        """``{"rank_<r>": {"loader_<i>": buffer}}``; the same keys and shapes in every lifecycle state.
+
+        ``dcp.save``/``dcp.load`` call it on every rank: there every rank's loaders must be at the same point
+        (``_in_step``), or every rank refuses.
+        """
+        _in_step.settle(self._loaders[0].ctx, self._loaders, "dcp.save/dcp.load of LoaderCheckpoint")
         self._nonce = os.urandom(8)
         buffers = {
             f"loader_{i}": self._pack(i, loader.state_dict()) for i, loader in enumerate(self._loaders)
@@ -120,8 +126,7 @@ class LoaderCheckpoint(Stateful):
             state = self._unpack(i, buffers[f"loader_{i}"])
             loader.validate_state(state, source=self._where(i))
             states.append(state)
-        for loader in self._loaders:
-            loader._refuse_if_live("LoaderCheckpoint.load_state_dict()")
+        _in_step.refuse_live(self._loaders[0].ctx, self._loaders, "LoaderCheckpoint.load_state_dict()")
         for loader, state in zip(self._loaders, states):
             loader.load_state_dict(state)
 

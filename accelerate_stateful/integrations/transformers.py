@@ -31,6 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoint import _checkpoints
 from ..checkpoint import _files
+from ..checkpoint import _in_step
 from ..training import _preemption
 from ..checkpoint import _resume
 from ..loaders._adapter import DataLoaderAdapter
@@ -180,6 +181,7 @@ class StatefulTrainerMixin:
         with swapped("rotate_checkpoints", _no_rotation):
             super()._save_checkpoint(model, trial)
         ctx = DistContext.detect()
+        _in_step.settle(ctx, [self._train_loader], f"the Trainer's save of {folder.name}")
         contents = _files.encode_state(self._train_loader.state_dict())
         entries = _checkpoints.agree(ctx, lambda: _files.write_encoded(folder, 0, ctx.rank, contents))
         # Sealed like Accelerator.save_state: a manifest in every folder the ranks saved into, written last.

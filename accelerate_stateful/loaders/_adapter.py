@@ -154,7 +154,7 @@ class DataLoaderAdapter(Stateful):
         return self._base.pin_memory
 
     def __iter__(self) -> PassHandle:
-        return self._life.open()
+        return self._life.open(self)
 
     def set_epoch(self, epoch: int) -> None:
         """Move to the start of ``epoch``; with the epoch the position is in, this changes nothing.
@@ -379,6 +379,10 @@ class DataLoaderAdapter(Stateful):
         state = self.__dict__.copy()
         state["_base_iter"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._life._loader = weakref.proxy(self)
 
     def __repr__(self) -> str:
         return (

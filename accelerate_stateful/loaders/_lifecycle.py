@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ._adapter import DataLoaderAdapter
 
 PASS = "pass"  # the state key of the live pass's record
-# The opening number of the newest continuation of a pass interrupted mid-epoch (any loader of this process).
+# The opening number of the newest continuation of an interrupted pass (any loader of this process).
 _continued = [0]
 
 
@@ -59,7 +59,9 @@ class Lifecycle:
     """The phase, the live pass, and the verdicts of one loader's passes."""
 
     def __init__(self, loader: "DataLoaderAdapter") -> None:
-        self._loader = loader
+        # A proxy: the loader owns its lifecycle, and a cycle between them would leave a dropped loader (and
+        # its persistent workers) to the garbage collector, freed at a moment that differs between ranks.
+        self._loader = weakref.proxy(loader)
         self.phase = Phase.NOT_STARTED
         self.live: Optional[PassRecord] = None
         self._handle: Optional[weakref.ref] = None
@@ -74,7 +76,7 @@ class Lifecycle:
     def __getstate__(self) -> dict:
         """A copy of the loader (pickled) has no iterator: its live pass is one let go."""
         state = self.__dict__.copy()
-        state["_handle"] = None
+        state["_handle"] = state["_loader"] = None  # the loader's __setstate__ gives the copy its own
         if self.live is not None:
             state["live"] = copy.copy(self.live)
             state["live"].dropped = True
@@ -128,8 +130,11 @@ class Lifecycle:
         self.pending, self._replays_left, self._in_finished_epoch = None, 0, False
 
     # ----------------------------------------------------------------- opening
-    def open(self) -> PassHandle:
-        """``iter(loader)``: end the live pass, then start a new one where the loader stands."""
+    def open(self, loader: "DataLoaderAdapter") -> PassHandle:
+        """``iter(loader)``: end the live pass, then start a new one where the loader stands.
+
+        The handle holds ``loader`` itself (this lifecycle holds only a proxy): an iterator keeps its loader.
+        """
         self.settle()
         if self.live is not None:
             handle = self._handle() if self._handle is not None else None
@@ -137,7 +142,7 @@ class Lifecycle:
                 handle.close()
             self._judge(self.live)
         record = self._new_record()
-        handle = PassHandle(self._loader, record)
+        handle = PassHandle(loader, record)
         self.live, self._handle = record, weakref.ref(handle)
         return handle
 
@@ -179,6 +184,7 @@ class Lifecycle:
     def _rest_of_finished_epoch(self, record: PassRecord) -> None:
         """Between two epochs, the pass that re-enters the finished one: its rest, which is empty."""
         pending = self.pending
+        _continued[0] = record.serial  # the program re-entered the interrupted epoch: the other loaders follow
         record.kind, record.complete = Kind.CONTINUATION, True
         record.final = (pending.origin.epoch, self._finished_count())
         self.leave_boundary()
