@@ -55,6 +55,7 @@ NOT_DRAWN: dict[str, str] = {
     "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",
     "loaders/_passes.py": "the adapter's record of where a pass began (what an abandoned pass undoes)",
     "loaders/_channels.py": "stream workers' side channel for their snapshots; " + _PLUMBING,
+    "loaders/_untracked.py": "which loaders are left to Accelerate's own prepare, with a warning; " + _PLUMBING,
     "loaders/_snapshot.py": "a dataset's own state_dict() taken in a worker; " + _PLUMBING,
     "loaders/_reading.py": "how the processes read a stream (whole, by shard, logical shards); " + _PLUMBING,
     "loaders/_workerinit.py": "a user's worker_init_fn sees the user's dataset; " + _PLUMBING,
