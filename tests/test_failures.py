@@ -5,6 +5,7 @@ same on 2 real processes)."""
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 
 import pytest
@@ -19,7 +20,9 @@ from accelerate_stateful._context import DistContext, collective_timeout, packag
 from accelerate_stateful.checkpoint import _files
 from accelerate_stateful.checkpoint._checkpoints import ENTRY_TIMEOUT_ENV, _shared_error, _verdict
 from accelerate_stateful.checkpoint._versions import UnknownVersionError
-from accelerate_stateful.errors import Mismatch, StateMismatchError, StateSerializationError, UnsupportedConfigError
+from accelerate_stateful.errors import (
+    CheckpointError, Mismatch, StateMismatchError, StateSerializationError, UnsupportedConfigError,
+)
 from accelerate_stateful.loaders import _channels, _untracked
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -168,3 +171,13 @@ def test_every_failing_rank_is_named_and_the_lowest_decides_the_class():
     error = shared(ValueError("first"), TypeError("second"))
     assert type(error) is ValueError
     assert str(error) == "rank 1 failed: first\nrank 2 failed too (TypeError): second"
+
+
+def test_a_manifest_entry_that_is_not_a_size_and_hash_is_refused_as_damaged(tmp_path):
+    path = make(tmp_path).save_state(tmp_path / "saved")
+    manifest_path = path / _files.SUBDIR / _files.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"] = {rel: 5 for rel in manifest["files"]}
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"MANIFEST.json is damaged .*are not \{'size': int, 'sha256': str\}"):
+        _files.load_manifest(path)

@@ -179,7 +179,9 @@ def same_everywhere(ctx: DistContext, value: Any, what: str) -> Any:
     everyone = ctx.all_gather(value)
     if any(v != everyone[0] for v in everyone[1:]):
         seen = ", ".join(f"rank {rank}: {v!r}" for rank, v in enumerate(everyone))
-        raise UnsupportedConfigError(f"{what} differs between the processes ({seen}); make it the same on every process")
+        raise UnsupportedConfigError(
+            f"{what} differs between the processes ({seen}); make it the same on every process"
+        )
     return value
 
 
