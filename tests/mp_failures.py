@@ -1,8 +1,8 @@
 """Launched on 2 processes by ``test_failures_mp.py``: a failure on one rank raises on every rank, and a save
 with no loader of this package works as Accelerate's.
 
-    ACCELERATE_USE_CPU=1 ACCELERATE_STATEFUL_ENTRY_TIMEOUT=3 accelerate launch --multi_gpu --num_processes 2 \
-        tests/mp_failures.py OUT
+    ACCELERATE_USE_CPU=1 ACCELERATE_STATEFUL_ENTRY_TIMEOUT=3 ACCELERATE_STATEFUL_REPLY_TIMEOUT=3 \
+        accelerate launch --multi_gpu --num_processes 2 tests/mp_failures.py OUT
 
 Every ``load-*`` scenario writes a checkpoint with both ranks (a model whose weight is 1.0, a loader one
 epoch in), then builds a fresh run (weight 0.0, loader at epoch 0) and makes ONE rank fail at one step of
@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import psutil
 import torch
 import torch.distributed as dist
 from accelerate.state import PartialState
@@ -34,7 +35,8 @@ from torch.utils.data import DataLoader, Sampler
 
 from accelerate_stateful import Accelerator
 from accelerate_stateful.checkpoint import _files
-from accelerate_stateful.errors import CheckpointError, LifecycleError, StateMismatchError
+from accelerate_stateful.errors import CheckpointError, LifecycleError, StatefulLoaderError, StateMismatchError
+from streams import CountingStream
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -263,6 +265,26 @@ def resume_skips_a_checkpoint_refused_on_one_rank(out: Path, rank: int) -> dict:
     return {"verdict": verdict}
 
 
+def save_while_one_ranks_worker_does_not_answer(out: Path, rank: int) -> dict:
+    config = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=False)
+    accelerator = Accelerator(dataloader_config=config)
+    dl = accelerator.prepare(DataLoader(CountingStream(64), batch_size=2, num_workers=1))
+    it = iter(dl)
+    next(it), next(it)
+    workers = psutil.Process().children() if rank == 1 else []
+    for worker in workers:
+        worker.suspend()
+    try:
+        error, seconds = expect_same_failure(lambda: accelerator.save_state(out / "refused"), StatefulLoaderError,
+                                             failing=1)
+    finally:
+        for worker in workers:
+            worker.resume()
+    check("did not report its state within 3 s" in str(error), str(error))
+    del it
+    return {"seconds": seconds, "workers suspended": len(workers)}
+
+
 class Unsized(Sampler):
     def __init__(self, n: int) -> None:
         self.n = n
@@ -315,6 +337,7 @@ SCENARIOS = {
     "load-pre-hook-raises-on-one-rank": load_with_a_pre_hook_that_raises_on_one_rank,
     "load-while-one-rank-holds-a-live-iterator": load_while_one_rank_holds_a_live_iterator,
     "entry-refusal-reaches-a-late-rank": a_late_rank_gets_the_entry_refusal,
+    "save-while-one-ranks-worker-does-not-answer": save_while_one_ranks_worker_does_not_answer,
     "resume-skips-a-checkpoint-refused-on-one-rank": resume_skips_a_checkpoint_refused_on_one_rank,
     "save-without-a-loader-of-this-package": saves_without_a_loader_of_this_package,
 }

@@ -22,7 +22,7 @@ LAUNCH_TIMEOUT_S = 240
 def launched(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("failures")
     env = soak.launch_env()
-    env["ACCELERATE_STATEFUL_ENTRY_TIMEOUT"] = "3"
+    env.update(ACCELERATE_STATEFUL_ENTRY_TIMEOUT="3", ACCELERATE_STATEFUL_REPLY_TIMEOUT="3")
     proc = subprocess.Popen(soak.command(SCRIPT, [str(out)]), cwd=soak.ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
