@@ -1,11 +1,20 @@
-"""The distributed context of a loader, as a value rather than a global."""
+"""The distributed context of a loader, as a value rather than a global; and how long the package may wait.
+
+Every wait of the package's own (ranks entering a checkpoint operation, a DataLoader worker's reply) is
+derived from the process group's collective timeout, so that the package's error comes before any
+collective of the job gives up: see :func:`package_timeout`.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch.distributed as dist
+
+from .errors import UnsupportedConfigError
 
 
 @dataclass(frozen=True)
@@ -64,3 +73,52 @@ class DistContext:
     def barrier(self) -> None:
         if self.is_collective:
             dist.barrier()
+
+
+def collective_timeout() -> Optional[float]:
+    """Seconds after which a collective of the default process group gives up; ``None`` without one.
+
+    The backend's own timeout (what ``init_process_group(timeout=...)`` and Accelerate's
+    ``InitProcessGroupKwargs(timeout=...)`` set), else the rendezvous store's, which the same argument sets.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = dist.distributed_c10d._get_default_group()
+    found = []
+    for device in group._device_types:
+        timeout = getattr(getattr(group._get_backend(device), "options", None), "_timeout", None)
+        if timeout is not None:
+            found.append(timeout.total_seconds())
+    if not found:
+        found.append(dist.distributed_c10d._get_default_store().timeout.total_seconds())
+    return min(found)
+
+
+def package_timeout(env: str, default: float) -> float:
+    """How long the package waits for something before it raises: half the collective timeout.
+
+    Half leaves the other half for the error to reach every rank (each wait sits inside a step that
+    :func:`~accelerate_stateful.checkpoint._checkpoints.agree` or the entry rendezvous shares) before a
+    rank waiting in a collective gives up. Without a process group, ``default``. The environment
+    variable ``env`` may set a shorter wait, never one that reaches the collective timeout's half.
+
+    Raises:
+        UnsupportedConfigError: ``env`` is not a number of seconds below half the collective timeout.
+    """
+    limit = collective_timeout()
+    bound = default if limit is None else limit / 2
+    raw = os.environ.get(env)
+    if raw is None:
+        return bound
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < math.inf or (limit is not None and value >= bound):
+        below = "" if limit is None else (
+            f" and below half of the process group's collective timeout ({limit:.0f} s), so that this package's "
+            "error comes before a collective gives up; raise that timeout with Accelerate's "
+            "InitProcessGroupKwargs(timeout=timedelta(seconds=...)) if you need longer"
+        )
+        raise UnsupportedConfigError(f"{env}={raw!r}: it must be a number of seconds above 0{below}")
+    return value

@@ -20,10 +20,11 @@ from .checkpoint import _resume
 from .training import _rng
 from .training import _training
 from .training._agreement import agree_after_elastic_load
+from .loaders import _untracked
 from .loaders._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .loaders.batchsampler import BatchSamplerDataLoader, uses_batch_sampler
-from .errors import CheckpointError, UnsupportedConfigError
+from .errors import UnsupportedConfigError
 from .loaders.dispatch import DispatchDataLoader
 from .loaders.iterable import IterableShardDataLoader
 from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
@@ -98,6 +99,8 @@ class Accelerator(accelerate.Accelerator):
             loader = RoundRobinLoader.from_dataloader(data_loader, ctx, **common)
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
+        elif _untracked.leave_to_accelerate(data_loader, ctx):
+            return super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
         elif uses_batch_sampler(data_loader):
             loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         else:
@@ -147,17 +150,15 @@ class Accelerator(accelerate.Accelerator):
         _in_step.settle(ctx, self.stateful_loaders, "accelerator.save_state()")
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
-        if root is not None:
-            number = _checkpoints.next_number(ctx, root, config.iteration)
-            output_dir = root / f"checkpoint_{number}"
-            _checkpoints.clear_unfinished(ctx, output_dir)
-        elif output_dir is None:
-            raise ValueError("save_state() needs an output_dir when automatic_checkpoint_naming is off")
-        output_dir = Path(output_dir)
+        output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
         loaders = self.stateful_loaders
         contents = _checkpoints.agree(ctx, lambda: [_files.encode_state(dl.state_dict()) for dl in loaders])
-        with self._accelerate_view():
-            super().save_state(str(output_dir), safe_serialization, **kwargs)
+
+        def accelerate_save() -> None:
+            with self._accelerate_view():
+                super(Accelerator, self).save_state(str(output_dir), safe_serialization, **kwargs)
+
+        _checkpoints.agree(ctx, accelerate_save)
         entries = _checkpoints.agree(ctx, lambda: {
             rel: entry for index, content in enumerate(contents)
             for rel, entry in _files.write_encoded(output_dir, index, self.process_index, content).items()
@@ -170,7 +171,7 @@ class Accelerator(accelerate.Accelerator):
                 entries[grads.relative_to(output_dir).as_posix()] = _files.file_entry(grads)
         _checkpoints.seal(ctx, output_dir, num_loaders=len(loaders), entries=entries, root=root,
                           keep=config.total_limit)
-        if root is not None:
+        if number is not None:
             config.iteration = number + 1
         return output_dir
 
@@ -184,16 +185,8 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "load_state")
         self._ready_to_load(ctx, "accelerator.load_state()")
-        if input_dir is None:
-            if not self.project_configuration.automatic_checkpoint_naming:
-                raise ValueError("load_state() needs an input_dir when automatic_checkpoint_naming is off")
-            found = _resume.agreed_latest(ctx, self._checkpoint_root())
-            if found is None:
-                raise CheckpointError(f"no complete checkpoint under {self._checkpoint_root()}")
-            self._load_verified(*found, load_kwargs, **kwargs)
-            return
-        input_dir = Path(input_dir)
-        self._load_verified(input_dir, _resume.verify_once(ctx, input_dir), load_kwargs, **kwargs)
+        root = self._checkpoint_root() if self.project_configuration.automatic_checkpoint_naming else None
+        self._load_verified(*_resume.locate(ctx, input_dir, root), load_kwargs, **kwargs)
 
     def resume(self, checkpoint_root: Optional[PathLike] = None) -> Optional[Path]:
         """Load the newest checkpoint complete on every process; returns its path, or ``None`` when there is none.
@@ -210,17 +203,19 @@ class Accelerator(accelerate.Accelerator):
                 "resume() needs DataLoaderConfiguration(use_stateful_dataloader=True): only then does "
                 "save_state() mark checkpoints complete"
             )
-        if checkpoint_root is None:
-            if not self.project_configuration.automatic_checkpoint_naming:
+        ctx = DistContext.detect()
+        _checkpoints.enter(ctx, "resume")
+
+        def root() -> Path:
+            if checkpoint_root is None and not self.project_configuration.automatic_checkpoint_naming:
                 raise ValueError(
                     "resume() needs checkpoint_root=... when ProjectConfiguration(automatic_checkpoint_naming=True) "
                     "is not set"
                 )
-            checkpoint_root = self._checkpoint_root()
-        ctx = DistContext.detect()
-        _checkpoints.enter(ctx, "resume")
+            return Path(checkpoint_root) if checkpoint_root is not None else self._checkpoint_root()
+
         self._ready_to_load(ctx, "accelerator.resume()")
-        found = _resume.agreed_latest(ctx, Path(checkpoint_root))
+        found = _resume.agreed_latest(ctx, _checkpoints.agree(ctx, root))
         if found is None:
             for loader in self.stateful_loaders:
                 loader._anchor()
@@ -258,21 +253,35 @@ class Accelerator(accelerate.Accelerator):
 
     def _load_verified(self, checkpoint: Path, manifest: dict, load_kwargs: Optional[dict] = None,
                        **kwargs: Any) -> None:
-        """Load a checkpoint whose manifest every rank holds and whose folder was verified."""
+        """Load a checkpoint whose manifest every rank holds and whose folder was verified.
+
+        Everything this package reads, and the file Accelerate reads for one rank alone, is checked on every
+        rank before anything is loaded; each step after that runs under ``agree``, so a failure on one rank
+        raises the same error on every rank (docs/reliability.md#a-failure-on-one-rank).
+        """
         ctx = DistContext.detect()
-        states = _resume.read_states(ctx, checkpoint, manifest, self.stateful_loaders)
+        loaders = self.stateful_loaders
+        states = _resume.read_states(ctx, checkpoint, manifest, loaders)
         grads = _checkpoints.agree(ctx, lambda: _accumulation.read_gradients(
             checkpoint, manifest, self.process_index, self.num_processes, self._unwrapped_models()))
-        with self._accelerate_view():
-            super().load_state(str(checkpoint), load_kwargs, **kwargs)
+        _resume.check_accelerate_files(ctx, checkpoint, manifest)
+
+        def accelerate_load() -> None:
+            with self._accelerate_view():
+                super(Accelerator, self).load_state(str(checkpoint), load_kwargs, **kwargs)
+
+        def restore() -> None:
+            for loader, state in zip(loaders, states):
+                loader.load_state_dict(state)
+            _accumulation.restore_gradients(grads, self._unwrapped_models())
+            if self.is_main_process:
+                for index, (loader, state) in enumerate(zip(loaders, states)):
+                    _log_resume(index, loader, state, checkpoint)
+
+        _checkpoints.agree(ctx, accelerate_load)
         if manifest["world_size"] != self.num_processes:
             agree_after_elastic_load(self, manifest["world_size"], checkpoint)
-        for loader, state in zip(self.stateful_loaders, states):
-            loader.load_state_dict(state)
-        _accumulation.restore_gradients(grads, self._unwrapped_models())
-        if self.is_main_process:
-            for index, (loader, state) in enumerate(zip(self.stateful_loaders, states)):
-                _log_resume(index, loader, state, checkpoint)
+        _checkpoints.agree(ctx, restore)
         number = _files.checkpoint_number(checkpoint)
         if number is not None and self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration = max(self.project_configuration.iteration, number + 1)

@@ -58,6 +58,7 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_passes.py": "a pass: the iterator the loop holds, the record the loader judges it by; " + _PLUMBING,
     "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
     "loaders/_channels.py": "stream workers' side channel for their snapshots; " + _PLUMBING,
+    "loaders/_untracked.py": "which loaders are left to Accelerate's own prepare, with a warning; " + _PLUMBING,
     "loaders/_snapshot.py": "a dataset's own state_dict() taken in a worker; " + _PLUMBING,
     "loaders/_reading.py": "how the processes read a stream (whole, by shard, logical shards); " + _PLUMBING,
     "loaders/_workerinit.py": "a user's worker_init_fn sees the user's dataset; " + _PLUMBING,

@@ -2,12 +2,14 @@
 
 The rules, each held here by construction:
 
-- **Everyone enters.** ``save_state`` and ``load_state`` are collective; a rank that calls one alone
-  (``if accelerator.is_main_process: accelerator.save_state()``) is told so within
-  ``ENTRY_TIMEOUT_S`` (through the process group's store, never a collective that could pair with
-  another), instead of waiting for the collective timeout.
+- **Everyone enters.** ``save_state``, ``load_state`` and ``resume`` are collective; a rank that calls
+  one alone (``if accelerator.is_main_process: accelerator.save_state()``) is told so after half the
+  process group's collective timeout (through the process group's store, never a collective that could
+  pair with another), before any collective of the job gives up; every rank waiting there, and every
+  rank that comes later, raises the same error.
 - **A failure anywhere is a failure everywhere.** A step that can fail on one rank runs under
-  :func:`agree`, which raises on every rank, so no rank waits in a collective for one that gave up.
+  :func:`agree`, which raises the same error on every rank, so no rank waits in a collective for one
+  that gave up, and every rank makes the same collectives afterwards.
 - **Every folder is sealed.** Each folder a process saved into gets a manifest of its own, written
   by one process of that folder after every rank finished: the main process for the folder it
   shares, and the lowest rank of each folder the main process cannot see (node-local disks, a
@@ -19,8 +21,12 @@ The rules, each held here by construction:
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
+import math
 import os
+import pickle
 import shutil
 import socket
 import time
@@ -32,23 +38,28 @@ from typing import Any, Callable, Optional, TypeVar
 import torch.distributed as dist
 
 from . import _files
-from .._context import DistContext
-from ..errors import CheckpointError, LifecycleError, StatefulLoaderError, UnsupportedConfigError
+from .._context import DistContext, package_timeout
+from ..errors import CheckpointError, UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ENTRY_TIMEOUT_ENV = "ACCELERATE_STATEFUL_ENTRY_TIMEOUT"
-ENTRY_TIMEOUT_S = 60.0
 _entered: Counter = Counter()  # per process: how many times each collective operation began
 
 
 # --------------------------------------------------------------------------- every rank, together
 def enter(ctx: DistContext, operation: str) -> None:
-    """Wait until every rank has called ``operation``; refuse with the fix if one does not come.
+    """Wait until every rank has called ``operation``; refuse with the fix, on every rank that waits, if one
+    does not come within the entry timeout.
+
+    The ranks meet in the rendezvous store, never in a collective that could pair with another. One verdict
+    is stored per call, the first proposed: ``go`` by the rank that completes the count, or the refusal of a
+    rank that gave up waiting. Every rank that waits, and every rank that comes later, takes that verdict.
 
     Raises:
         CheckpointError: some rank did not call ``operation`` within the entry timeout.
+        UnsupportedConfigError: the entry timeout set on some rank is not below half the collective timeout.
     """
     if not ctx.is_collective:
         return
@@ -56,44 +67,140 @@ def enter(ctx: DistContext, operation: str) -> None:
     key = f"accelerate_stateful/{operation}/{_entered[operation]}"
     store = dist.distributed_c10d._get_default_store()  # the rendezvous store every rank already shares
     store.set(f"{key}/rank_{ctx.rank}", "1")
-    timeout = float(os.environ.get(ENTRY_TIMEOUT_ENV, ENTRY_TIMEOUT_S))
-    deadline, pause = time.monotonic() + timeout, 0.001
     arrived = store.add(key, 1)
+    try:
+        timeout = package_timeout(ENTRY_TIMEOUT_ENV, default=math.inf)  # a group exists here
+    except UnsupportedConfigError as exc:
+        verdict = _decide(store, key, UnsupportedConfigError, f"rank {ctx.rank}: {exc}")
+    else:
+        verdict = _await_everyone(ctx, store, key, arrived, timeout, operation)
+    kind, message = json.loads(verdict)
+    if kind is not None:
+        raise _ENTRY_ERRORS[kind](message)
+
+
+def _await_everyone(ctx: DistContext, store: Any, key: str, arrived: int, timeout: float, operation: str) -> str:
+    """The verdict of the call ``key``: every rank came, or a rank gave up waiting (this one or another)."""
+    deadline, pause = time.monotonic() + timeout, 0.001
     while arrived < ctx.world_size:
+        if store.check([f"{key}/verdict"]):
+            return store.get(f"{key}/verdict").decode()
         if time.monotonic() > deadline:
             missing = [r for r in range(ctx.world_size) if not store.check([f"{key}/rank_{r}"])]
-            raise CheckpointError(
+            return _decide(store, key, CheckpointError, (
                 f"accelerator.{operation}() was called on rank {ctx.rank}, but rank(s) {missing} did not call it "
                 f"within {timeout:.0f} s: call accelerator.{operation}() on every process, not under "
                 f"`if accelerator.is_main_process:` (each process writes and reads its own part of the "
-                f"checkpoint); if a process is only slower to get there, raise the limit with "
-                f"{ENTRY_TIMEOUT_ENV}=<seconds>"
-            )
+                f"checkpoint); if a process is only slower to get there, raise the process group's timeout "
+                f"(InitProcessGroupKwargs(timeout=...)): this wait is half of it, or {ENTRY_TIMEOUT_ENV}=<seconds>"
+            ))
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
         arrived = store.add(key, 0)
+    return _decide(store, key, None, "")
+
+
+def _decide(store: Any, key: str, kind: Optional[type], message: str) -> str:
+    """Propose a verdict for ``key``; returns the one stored first (this one, or an earlier rank's)."""
+    proposal = json.dumps([None if kind is None else kind.__name__, message])
+    return store.compare_set(f"{key}/verdict", "", proposal).decode()
 
 
 def agree(ctx: DistContext, work: Callable[[], T]) -> T:
-    """``work()`` on this rank; if it raised on any rank, raise on every rank (this rank's own error first)."""
+    """``work()`` on this rank; if it raised on any rank, raise the same error on every rank.
+
+    The error every rank raises is of the class of the lowest failing rank's exception (the nearest class
+    every rank can build: the package's own errors and Python's built-in ones), names each failing rank with
+    its message, and on a failing rank is chained to that rank's own exception. So an ``except`` around
+    ``agree`` decides the same on every rank, and every rank makes the same collectives after it.
+
+    ``work`` must not run a collective itself: a rank failing before it would leave the others there.
+    """
     try:
         result, failure = work(), None
     except Exception as exc:  # re-raised below, on this rank and, through the gather, on every other
         result, failure = None, exc
-    verdicts = ctx.all_gather(None if failure is None else (type(failure).__name__, str(failure)))
-    if failure is not None:
-        raise failure
-    for rank, verdict in enumerate(verdicts):
-        if verdict is not None:
-            kind = _ERRORS.get(verdict[0], CheckpointError)
-            raise kind(f"rank {rank} failed: {verdict[1]}")
+    if not ctx.is_collective:
+        if failure is not None:
+            raise failure
+        return result
+    verdicts = ctx.all_gather(None if failure is None else _verdict(failure))
+    failed = [(rank, verdict) for rank, verdict in enumerate(verdicts) if verdict is not None]
+    if failed:
+        raise _shared_error(failed) from failure
     return result
 
 
-_ERRORS = {cls.__name__: cls for cls in (CheckpointError, UnsupportedConfigError, LifecycleError, StatefulLoaderError)}
+def _verdict(failure: Exception) -> dict:
+    """What every rank needs to raise ``failure`` as its own: class path, message, plain attributes."""
+    classes = [(c.__module__, c.__qualname__) for c in type(failure).__mro__ if issubclass(c, BaseException)]
+    attributes = dict(vars(failure)) if type(failure).__module__.startswith(_PACKAGE) else {}
+    try:
+        pickle.dumps(attributes)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        attributes = {}
+    return {"classes": classes, "name": type(failure).__name__, "message": str(failure), "attributes": attributes}
+
+
+def _shared_error(failed: list[tuple[int, dict]]) -> Exception:
+    rank, first = failed[0]
+    for kind in filter(None, map(_buildable, first["classes"])):
+        named = "" if first["name"] == kind.__name__ else f" ({first['name']})"
+        message = f"rank {rank} failed{named}: {first['message']}"
+        message += "".join(f"\nrank {r} failed too ({v['name']}): {v['message']}" for r, v in failed[1:])
+        error = kind.__new__(kind)
+        BaseException.__init__(error, message)
+        error.__dict__.update(first["attributes"])
+        if str(error) == message:  # a class whose message is more than its text (KeyError) takes its base
+            return error
+    raise AssertionError("unreachable: Exception itself is always buildable")
+
+
+def _buildable(path: tuple[str, str]) -> Optional[type]:
+    """The class at ``path`` where every rank has it (this package's, or a built-in), else ``None``."""
+    module, name = path
+    if module != "builtins" and not module.startswith(_PACKAGE):
+        return None
+    found = getattr(importlib.import_module(module), name, None) if "." not in name else None
+    return found if isinstance(found, type) and issubclass(found, Exception) else None
+
+
+_PACKAGE = "accelerate_stateful"
+_ENTRY_ERRORS = {cls.__name__: cls for cls in (CheckpointError, UnsupportedConfigError)}
 
 
 # --------------------------------------------------------------------------- numbering and leftovers
+def same_everywhere(ctx: DistContext, value: Any, what: str) -> Any:
+    """``value``, once every rank is known to hold the same; else the same refusal on every rank.
+
+    For a choice that decides which collectives follow (automatic naming or an explicit folder), so that
+    every rank makes the same ones.
+    """
+    everyone = ctx.all_gather(value)
+    if any(v != everyone[0] for v in everyone[1:]):
+        seen = ", ".join(f"rank {rank}: {v!r}" for rank, v in enumerate(everyone))
+        raise UnsupportedConfigError(
+            f"{what} differs between the processes ({seen}); make it the same on every process"
+        )
+    return value
+
+
+def destination(ctx: DistContext, root: Optional[Path], output_dir: Any, iteration: int) -> tuple[Path, Optional[int]]:
+    """Where ``save_state`` writes: the next ``checkpoint_<N>`` under ``root`` (automatic naming; ``N`` is
+    returned too), else ``output_dir``; a leftover of an unfinished save of that number is removed."""
+    def check() -> bool:
+        if root is None and output_dir is None:
+            raise ValueError("save_state() needs an output_dir when automatic_checkpoint_naming is off")
+        return root is not None
+
+    if not same_everywhere(ctx, agree(ctx, check), "ProjectConfiguration(automatic_checkpoint_naming=...)"):
+        return Path(output_dir), None
+    number = next_number(ctx, root, iteration)
+    folder = root / f"checkpoint_{number}"
+    clear_unfinished(ctx, folder)
+    return folder, number
+
+
 def newest_sealed(root: Path) -> int:
     """The number of the newest ``checkpoint_<N>`` under ``root`` that has a manifest, or -1."""
     return next((_files.checkpoint_number(p) for p in _files.numbered_checkpoints(root) if _files.has_manifest(p)),
@@ -148,8 +255,8 @@ def seal(ctx: DistContext, folder: Path, *, num_loaders: int, entries: dict[str,
     """
     save_id = ctx.broadcast(uuid.uuid4().hex)
     probe = folder / _files.SUBDIR / f".main.{save_id}"
-    if ctx.is_main:
-        agree(ctx, lambda: _files.write_atomic(probe, b""))
+    if ctx.is_main:  # the package's folder exists even where no loader state was written into it
+        agree(ctx, lambda: (probe.parent.mkdir(parents=True, exist_ok=True), _files.write_atomic(probe, b"")))
     else:
         agree(ctx, lambda: None)
     # Which folder each rank wrote into: the main process's (it sees the probe), else its own.

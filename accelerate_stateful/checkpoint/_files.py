@@ -337,6 +337,11 @@ def load_manifest(checkpoint: Path) -> dict:
         ranks = [int(r) for r in manifest["ranks"]]
         if not isinstance(manifest["files"], dict) or not all(0 <= r < world_size for r in ranks):
             raise ValueError(f"ranks {ranks} outside a world of {world_size}, or no file table")
+        odd = [rel for rel, entry in manifest["files"].items()
+               if not isinstance(entry, dict) or type(entry.get("size")) is not int
+               or not isinstance(entry.get("sha256", ""), str)]
+        if odd:
+            raise ValueError(f"the entries of {odd[:3]} are not {{'size': int, 'sha256': str}}")
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path} is damaged ({exc!r}); resume from an earlier checkpoint") from None
     return manifest

@@ -21,10 +21,13 @@ import socket
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from accelerate.utils import RNG_STATE_NAME
+from accelerate.utils import load as accelerate_load
+
 from . import _files
 from . import _refusals
 from . import _state as S
-from ._checkpoints import agree
+from ._checkpoints import agree, same_everywhere
 from .._context import DistContext
 from ._versions import UnknownVersionError
 from ..errors import CheckpointError
@@ -32,19 +35,53 @@ from ..errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 
+def locate(ctx: DistContext, input_dir: Any, root: Optional[Path]) -> tuple[Path, dict]:
+    """The checkpoint ``load_state`` loads, with its manifest: ``input_dir``, else the newest complete one
+    under ``root`` (automatic naming)."""
+    def check() -> bool:
+        if input_dir is None and root is None:
+            raise ValueError("load_state() needs an input_dir when automatic_checkpoint_naming is off")
+        return input_dir is None
+
+    if not same_everywhere(ctx, agree(ctx, check), "load_state()'s input_dir being None"):
+        return Path(input_dir), verify_once(ctx, Path(input_dir))
+    found = agreed_latest(ctx, root)
+    if found is None:
+        raise CheckpointError(f"no complete checkpoint under {root}")
+    return found
+
+
 def verify_once(ctx: DistContext, checkpoint: Path) -> dict:
-    """``checkpoint``'s manifest, every rank's; its folder fully checked by one rank per folder and host."""
+    """``checkpoint``'s manifest, every rank's; its folder fully checked by one rank per folder and host.
+
+    Raises on every rank unless every rank's manifest belongs to one save (each rank may read a folder
+    of its own): what follows (an elastic merge or not, how many loaders) is decided from it on each rank.
+    """
     checkpoint = Path(checkpoint)
     manifest = agree(ctx, lambda: _files.load_manifest(checkpoint))
     key = (socket.gethostname(), os.path.realpath(checkpoint), manifest.get("save_id"), tuple(manifest["ranks"]))
-    keys = ctx.all_gather(key)
-    first = keys.index(key) == ctx.rank
+    save = (manifest.get("save_id"), manifest["world_size"], manifest["num_loaders"])
+    everyone = ctx.all_gather((key, save))
+    if any(other != save for _, other in everyone):
+        seen = "; ".join(f"rank {rank}: save {s[0]} of {s[1]} processes, {s[2]} loaders"
+                         for rank, (_, s) in enumerate(everyone))
+        raise CheckpointError(
+            f"the processes read {checkpoint} from different saves ({seen}); each process reads a folder of its "
+            "own, and they were not written by one save_state(); resume from a checkpoint every process saved "
+            "together"
+        )
+    first = [k for k, _ in everyone].index(key) == ctx.rank
     agree(ctx, lambda: _files.verify_files(checkpoint, manifest) if first else None)
     return manifest
 
 
 def agreed_latest(ctx: DistContext, root: Path) -> Optional[tuple[Path, dict]]:
-    """The newest checkpoint under ``root`` complete on every rank (and from one save), with its manifest."""
+    """The newest checkpoint under ``root`` complete on every rank (and from one save), with its manifest.
+
+    Every rank makes the same collectives whatever its own folders hold: the candidates come from every
+    rank's list, and a candidate refused on one rank (``verify_once`` raises the same error on every rank)
+    is skipped on every rank.
+    """
     mine = agree(ctx, lambda: _sealed(Path(root)))
     everyone = ctx.all_gather(mine)
     common = [n for n in sorted(everyone[0], reverse=True) if all(e.get(n) == everyone[0][n] for e in everyone)]
@@ -56,6 +93,39 @@ def agreed_latest(ctx: DistContext, root: Path) -> Optional[tuple[Path, dict]]:
             if ctx.is_main:
                 logger.warning("skipping %s: %s", path, exc)
     return None
+
+
+def check_accelerate_files(ctx: DistContext, checkpoint: Path, manifest: dict) -> None:
+    """Read the one file Accelerate's ``load_state`` reads for this rank alone, before anything is loaded.
+
+    Accelerate skips a ``random_states_<rank>.pkl`` it cannot read with a log line, leaving that rank's
+    random states and ``accelerator.step`` as they were: the ranks would then disagree on which step syncs
+    gradients and wait for each other in ``backward``. Here such a file is refused on every rank, as is a
+    checkpoint whose ranks saved different steps.
+    """
+    name = f"{RNG_STATE_NAME}_{ctx.rank}.pkl"
+
+    def read() -> Optional[int]:
+        if manifest["world_size"] != ctx.world_size or name not in manifest["files"]:
+            return None  # another world size: agree_after_elastic_load sets what the new ranks lack
+        try:
+            states = accelerate_load(Path(checkpoint) / name)  # as Accelerate reads it
+            missing = sorted({"random_state", "numpy_random_seed", "torch_manual_seed"} - set(states))
+        except Exception as exc:  # whatever the unpickler raises: refused below with the file named
+            raise CheckpointError(
+                f"{Path(checkpoint) / name} cannot be read ({type(exc).__name__}: {exc}); Accelerate would skip "
+                "it and leave this process's random states and step unrestored; resume from another checkpoint"
+            ) from None
+        if missing:
+            raise CheckpointError(f"{Path(checkpoint) / name} lacks {missing}; resume from another checkpoint")
+        return states.get("step")
+
+    steps = ctx.all_gather(agree(ctx, read))
+    if len({s for s in steps if s is not None}) > 1:
+        raise CheckpointError(
+            f"the processes saved different steps in {checkpoint} (accelerator.step per rank: {steps}); the "
+            "checkpoint mixes files of different saves, resume from another checkpoint"
+        )
 
 
 def _sealed(root: Path) -> dict[int, Optional[str]]:

@@ -14,7 +14,6 @@ memory of a worker that may have exited), made by this loader's own processes.
 
 from __future__ import annotations
 
-import os
 import pickle
 import queue
 import threading
@@ -25,9 +24,17 @@ from typing import Any, Optional
 
 import torch.multiprocessing as torch_mp
 
+from .._context import package_timeout
 from ..errors import StatefulLoaderError
 
-REPLY_TIMEOUT_S = float(os.environ.get("ACCELERATE_STATEFUL_REPLY_TIMEOUT", 120))
+REPLY_TIMEOUT_ENV = "ACCELERATE_STATEFUL_REPLY_TIMEOUT"
+REPLY_TIMEOUT_S = 120.0  # without a process group; with one, half its collective timeout
+
+
+def reply_timeout() -> float:
+    """How long to wait for a worker: a state request runs inside ``save_state``'s ``agree``, so its error
+    must reach the other ranks before the collective they wait in gives up (``_context.package_timeout``)."""
+    return package_timeout(REPLY_TIMEOUT_ENV, REPLY_TIMEOUT_S)
 
 
 
@@ -155,15 +162,15 @@ class Channels:
 
     def ask(self, physical: int, key: tuple[int, int]) -> bytes:
         """The snapshot ``key`` of a worker, pickled: from what it left when its stream ended, or asked now."""
-        mailbox = self._collecting()
+        mailbox, timeout = self._collecting(), reply_timeout()
         with mailbox.changed:
             if not mailbox.has(physical, key):
                 self._requests[physical][0].send(key)
-                mailbox.changed.wait_for(lambda: mailbox.has(physical, key), REPLY_TIMEOUT_S)
+                mailbox.changed.wait_for(lambda: mailbox.has(physical, key), timeout)
             found = mailbox.find(physical, key)
         if found is None:
             raise StatefulLoaderError(
-                f"worker {physical} did not report its state within {REPLY_TIMEOUT_S:.0f} s; it may have died "
+                f"worker {physical} did not report its state within {timeout:.0f} s; it may have died "
                 "(check its log) - the checkpoint cannot be taken"
             )
         return found
@@ -192,9 +199,9 @@ class Channels:
         reader = self._instructions[physical][0]
         start: Optional[WorkerStart] = None
         while start is None or start.generation < floor or reader.poll():
-            if not reader.poll(REPLY_TIMEOUT_S):
+            if not reader.poll(timeout := reply_timeout()):
                 raise StatefulLoaderError(
-                    f"worker {physical} got no start instruction within {REPLY_TIMEOUT_S:.0f} s"
+                    f"worker {physical} got no start instruction within {timeout:.0f} s"
                 )
             start = pickle.loads(reader.recv_bytes())  # sent by this loader's main process
         return start
