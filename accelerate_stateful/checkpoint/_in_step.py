@@ -8,7 +8,8 @@ point of its program; there each rank
    (an exception held in a variable, say) is let go at the same point on every rank, whatever the
    collector did before;
 2. takes the verdict of every pass let go (``loaders._lifecycle``);
-3. gathers every rank's lifecycle digest (epoch, batches taken, the live pass and what was done on it).
+3. gathers every rank's lifecycle digest (the epoch, the live pass, what was done on it and how many
+   batches it handed out; not the rank's position in its own share, which may be uneven).
 
 If the digests differ, every rank refuses, with each rank's point in words and the fix.
 """
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 
 from ._checkpoints import agree
 from .._context import DistContext
-from ..errors import CheckpointError, LifecycleError
+from ..errors import LifecycleError
 
 
 def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
@@ -34,9 +35,9 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
     everyone = ctx.all_gather(digests)
     for index in range(len(loaders)):
         seen = [rank_digests[index] for rank_digests in everyone]
-        if any(d != seen[0] for d in seen[1:]):
-            points = "; ".join(f"rank {rank}: {_in_words(d)}" for rank, d in enumerate(seen))
-            raise CheckpointError(
+        if any(key != seen[0][0] for key, _ in seen[1:]):
+            points = "; ".join(f"rank {rank}: {_in_words(point)}" for rank, (_, point) in enumerate(seen))
+            raise LifecycleError(
                 f"{call} refused: loader {index} is at different points on the processes ({points}). This "
                 "happens when a process keeps an iterator over the loader that the others let go (in a global, "
                 "a list, or an exception kept in a variable) or trains on other batches; let the iterator go on "
@@ -58,12 +59,12 @@ def refuse_live(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
         )
 
 
-def _in_words(digest: tuple) -> str:
-    mode, epoch, taken, phase, live, waiting = digest
+def _in_words(point: tuple) -> str:
+    epoch, taken, phase, live, waiting = point
     words = f"epoch {epoch} after {taken} batches, {phase}"
     if live is not None:
-        kind, _, _, trained, handed, complete = live
+        handed, trained = live
         words += f", an iterator live ({handed} batches from it, {'trained' if trained else 'not trained'})"
-    if waiting is not None:
+    if waiting:
         words += ", a resumed pass waiting to be continued"
     return words

@@ -335,16 +335,25 @@ class Lifecycle:
                                     entry.get("taken", 0) if same_topology else None)
         self._replays_left = entry["peeks"]
 
-    def digest(self) -> tuple:
-        """What every rank must agree on when a checkpoint is taken or loaded."""
+    def digest(self) -> tuple[tuple, tuple]:
+        """What every rank must agree on when a checkpoint is taken or loaded, and this rank's point in full.
+
+        The first part is compared between ranks: the program-order facts (the epoch a live pass began in, what
+        was done on it, how many batches it handed out, a resumed pass waiting). The rank's own position in its
+        share (batches taken, whether its share of the epoch is complete) is left out of the comparison: with
+        uneven shares (a stream per rank, ``even_batches=False``) one rank's share ends a batch before
+        another's in the uninterrupted run too. The second part describes the point in words in a refusal.
+        """
         self.settle()
-        live, loader = self.live, self._loader
-        pass_part = None if live is None else (live.kind.value, live.origin.epoch, live.origin.taken, live.trained,
-                                               live.handed, live.complete)
-        waiting = None if self.pending is None else (self.pending.origin.epoch, self.pending.origin.taken,
-                                                     self.pending.trained, self.pending.complete,
-                                                     self._replays_left, self._in_finished_epoch)
-        return (loader.mode, loader._epoch, loader._batches_taken(), self.phase.value, pass_part, waiting)
+        live, loader, pending = self.live, self._loader, self.pending
+        live_key = None if live is None else (live.kind.value, live.origin.epoch, live.trained, live.handed)
+        waiting_key = None if pending is None else (pending.origin.epoch, pending.trained, self._replays_left,
+                                                    self._in_finished_epoch)
+        epoch = loader._epoch if live is None else live.origin.epoch
+        key = (loader.mode, epoch, self.phase.value, live_key, waiting_key)
+        point = (loader._epoch, loader._batches_taken(), self.phase.value,
+                 None if live is None else (live.handed, live.trained), pending is not None)
+        return key, point
 
 
 def _entry(origin: PassOrigin, trained: bool, peeks: int, complete: bool, taken: int) -> dict:
