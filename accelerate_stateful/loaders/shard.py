@@ -402,6 +402,8 @@ class ShardDataLoader(DataLoaderAdapter):
 
     def _restore(self, state_dict: Mapping[str, Any]) -> None:
         self._order = self._saved_order(state_dict, "")
+        if state_dict[S.SAMPLES_CONSUMED] == 0:
+            self._use_order_of(self.ctx.world_size)  # an epoch nobody began yet is this world size's own
         consumed = self._saved_consumed(state_dict, self._order)
         if state_dict[S.TOPOLOGY]["world_size"] == self.ctx.world_size:
             origin = state_dict.get(S.STRIPE_ORIGIN, 0)
