@@ -169,3 +169,18 @@ def test_a_distributed_sampler_seed_changed_between_save_and_resume_is_refused()
         with pytest.raises(StateMismatchError, match=r"the sampler's order for epoch 0 \(DistributedSampler\) differs "
                                                      r"from the one saved \(seed changed\?\)"):
             loader(world, 0, 30, seed=4, **kw).load_state_dict(state)
+
+
+def test_the_command_line_describes_a_distributed_samplers_checkpoint(tmp_path):
+    from cli_run import run_cli, save_checkpoint
+
+    states = []
+    for rank in range(2):
+        one = loader(2, rank, 37, shuffle=True, drop_last=False, even=True)
+        it = iter(one)
+        next(it), next(it)
+        states.append(one.state_dict())
+        del it
+    status, out, err = run_cli("inspect", save_checkpoint(tmp_path / "ds", [states]))
+    assert status == 0 and err == "", err
+    assert "order=sampler:DistributedSampler" in out and " 2      4   50.0  12 " in out

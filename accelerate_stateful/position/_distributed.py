@@ -54,6 +54,12 @@ def share(sampler: DistributedSampler, world_size: int, rank: int, epoch: int) -
     return torch.as_tensor(list(iter(twin)), dtype=torch.int64)
 
 
+def order_length(plan_for: PlanFor, world_size: int, share: int) -> int:
+    """How many entries the global order at ``world_size`` has, each rank's share being ``share`` long."""
+    plans = [plan_for(world_size, r, share) for r in range(world_size)]
+    return sum(len(plan.batch_positions(step)) for plan in plans for step in range(plan.num_batches))
+
+
 class DistributedOrder(EpochOrder):
     """The epoch's global order at ``world_size``: every rank's batches of its share, step by step.
 
@@ -71,8 +77,7 @@ class DistributedOrder(EpochOrder):
         self._twins = {world_size: self}  # shared by every world size's order of this sampler
         length = share_length(sampler, world_size)
         self.plans = [plan_for(world_size, r, length) for r in range(world_size)]
-        sizes = [len(self._take(plan, step, None)) for plan in self.plans for step in range(plan.num_batches)]
-        super().__init__(sum(sizes))
+        super().__init__(order_length(plan_for, world_size, length))
         self.kind = f"sampler:{type(sampler).__qualname__}"
         self.config_length = length
         self.padding = self.plans[0].padding  # wrapped entries of the last step, after its real ones
@@ -86,9 +91,8 @@ class DistributedOrder(EpochOrder):
         return self._twins[world_size]
 
     @staticmethod
-    def _take(plan: ShardPlan, step: int, indices: Any) -> list[int]:
-        positions = plan.batch_positions(step)
-        return positions if indices is None else indices[positions].tolist()
+    def _take(plan: ShardPlan, step: int, indices: torch.Tensor) -> list[int]:
+        return indices[plan.batch_positions(step)].tolist()
 
     def indices(self, seed: int, epoch: int) -> torch.Tensor:
         shares = [share(self.sampler, self.world_size, r, epoch) for r in range(self.world_size)]
