@@ -64,6 +64,9 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_workerinit.py": "a user's worker_init_fn sees the user's dataset; " + _PLUMBING,
     "loaders/_ordered.py": "the in_order=False refusal every variant applies",
     "position/_seeds.py": "mix_seed: seeds derived from the loader's seed, used by every box that draws",
+    "position/_sampler_rng.py": "a user sampler's own RNGs reseeded per epoch, and the order's fingerprint (part of "
+                                "drawing an order)",
+    "position/_distributed.py": "a user's DistributedSampler as one global order (an order, drawn like the others)",
     "checkpoint/_versions.py": "refuses files of an unknown format version",
     "checkpoint/_refusals.py": "the words of a refusal (loader order, world-size-dependent samplers)",
     "training/_agreement.py": "after an elastic load, accelerator.step and new ranks' RNGs agree",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from . import _state as S
-from ..errors import CheckpointError, Mismatch, StatefulLoaderError, StateMismatchError
+from ..errors import CheckpointError, Mismatch, StatefulLoaderError, StateMismatchError, UnsupportedConfigError
 
 # The setting behind each field of a loader state's ``config`` (and its mode and seed), as the user sets it.
 SETTINGS = {
@@ -28,6 +28,7 @@ SETTINGS = {
     "sliced_per_rank": "slicing of one whole stream over the processes",
     S.MODE: "way the loader is read (dispatch_batches; map-style or iterable dataset)",
     S.SEED: "data seed (DataLoaderConfiguration(data_seed=...) or the DataLoader's generator seed)",
+    S.ORDER_FINGERPRINT: "the sampler's order of the saved epoch (a fingerprint of its indices)",
 }
 
 
@@ -137,3 +138,34 @@ def where(state: Mapping[str, Any]) -> str:
     taken = state.get(S.SAMPLES_CONSUMED)
     samples = f", {taken} samples taken by all processes" if taken is not None else ""
     return f"epoch {state.get(S.EPOCH)}{samples}"
+
+
+def order_changed(epoch: int, saved: str, current: str, kind: str, source: str = "") -> None:
+    """Refuse a saved position whose epoch this run's sampler draws in another order."""
+    name = kind.split(":", 1)[1] if kind.startswith("sampler:") else kind
+    raise StateMismatchError(
+        [Mismatch(S.ORDER_FINGERPRINT, saved, current)],
+        fix=f"the sampler's order for epoch {epoch} ({name}) differs from the one saved (seed changed?), so the "
+            "saved position would land on other samples; restore the same sampler seed (and sampler) as the run "
+            "that wrote the checkpoint, or start a fresh run",
+        source=source,
+        label=setting,
+    )
+
+
+def legacy_order(sampler: Any, skip: Sequence[Any], legacy_paths: Sequence[str], source: str = "") -> None:
+    """Refuse a state written before orders had fingerprints when this release draws its sampler differently.
+
+    Earlier releases seeded only the ``legacy_paths`` generators of a sampler; one holding other RNGs drew its
+    order from their unseeded state, which no run can reproduce, so the saved position cannot be placed.
+    """
+    from ..position._sampler_rng import held_rngs
+
+    extra = [path.lstrip(".") for path, _ in held_rngs(sampler, skip) if path not in legacy_paths]
+    if extra:
+        where = f" ({source})" if source else ""
+        raise UnsupportedConfigError(
+            f"cannot resume{where}: the checkpoint was written by an earlier release, which did not seed the "
+            f"random generator(s) {', '.join(extra)} of {type(sampler).__name__}, so the order its position "
+            "refers to cannot be drawn again; start a fresh run (this release records and reproduces it)"
+        )

@@ -27,6 +27,8 @@ CONFIG = "config"
 SEED = "seed"
 SEED_SOURCE = "seed_source"
 BASE = "base"
+ORDER_FINGERPRINT = "order_fingerprint"  # a digest of the epoch's order (map-style loaders; optional: older states lack it)
+ORDER_WORLD = "order_world_size"  # the world size whose DistributedSampler shares make the epoch's order
 
 
 class Topology(TypedDict):
@@ -67,6 +69,10 @@ class LoaderState(TypedDict):
         topology: :class:`Topology` at save time.
         config: :class:`LoaderConfig` at save time.
         base: The base loader's own state, untouched (``None`` for a plain ``DataLoader``).
+        order_fingerprint: A digest of the epoch's order (shard and batch-sampler loaders; states written
+            before it existed lack it). A resume whose order for that epoch differs is refused.
+        order_world_size: Only with a user's ``DistributedSampler``: the number of processes whose shares
+            make the epoch's order (the world size the epoch began on).
     """
 
     format_version: int

@@ -18,6 +18,7 @@ import torch
 
 from ..checkpoint import _state as S
 from .._context import DistContext
+from ..position._distributed import order_length
 from ..position._order import EpochOrder, SequentialOrder, ShuffledOrder
 from ..loaders.batchsampler import BatchSamplerDataLoader
 from ..loaders.dispatch import DispatchDataLoader
@@ -47,9 +48,14 @@ class NotAnswerable(StatefulLoaderError):
 class RecordedOrder(EpochOrder):
     """The epoch order a checkpoint names: drawn again for sequential and shuffled orders, never guessed."""
 
-    def __init__(self, kind: str, num_samples: int) -> None:
+    def __init__(self, kind: str, num_samples: int, fingerprint: Optional[str] = None) -> None:
         super().__init__(num_samples)
         self.kind = kind
+        self.fingerprint = fingerprint
+
+    def known_fingerprint(self, seed: int, epoch: int) -> Optional[str]:
+        """The saved fingerprint of an order this tool cannot draw (describing a position needs no order)."""
+        return None if self.kind in _REPRODUCIBLE else (self.fingerprint or "not recorded")
 
     def indices(self, seed: int, epoch: int) -> torch.Tensor:
         if self.kind not in _REPRODUCIBLE:
@@ -71,13 +77,21 @@ def is_map_style(state: Mapping[str, Any]) -> bool:
 
 def _shard(config: Mapping[str, Any], state: Mapping[str, Any], ctx: DistContext) -> ShardDataLoader:
     try:
-        return ShardDataLoader(
+        loader = ShardDataLoader(
             range(config["dataset_length"]),
-            order=RecordedOrder(config["order"], config["num_samples"]),
+            order=RecordedOrder(config["order"], config["num_samples"], state.get(S.ORDER_FINGERPRINT)),
             batch_size=config["batch_size"], ctx=ctx, seed=state[S.SEED], seed_source=state[S.SEED_SOURCE],
             drop_last=config["drop_last"], even_batches=config["even_batches"],
             split_batches=config["split_batches"],
         )
+        world = state.get(S.ORDER_WORLD)
+        if world is not None:  # a DistributedSampler's global order: its length, from the shares it is made of
+            length = order_length(loader._plan_at, world, config["num_samples"])
+            order = RecordedOrder(config["order"], length, state.get(S.ORDER_FINGERPRINT))
+            order.config_length = config["num_samples"]
+            loader._base_order = loader._order = order
+            loader._plan = loader._plan_from(0)
+        return loader
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"the saved loader settings {dict(config)!r} are incomplete or invalid ({exc!r}); the file is damaged "

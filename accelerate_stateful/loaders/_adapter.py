@@ -240,11 +240,12 @@ class DataLoaderAdapter(Stateful):
         mismatches = []
         if state_dict[S.MODE] != self.mode:
             mismatches.append(Mismatch(S.MODE, state_dict[S.MODE], self.mode))
-        mismatches += S.config_mismatches(state_dict[S.CONFIG], self._config())
+        config = self._config_at(state_dict[S.TOPOLOGY].get("world_size"))
+        mismatches += S.config_mismatches(state_dict[S.CONFIG], config)
         seed_mismatch, _, _ = S.resolve_seed(state_dict, self._seed, self._seed_source)
         if seed_mismatch is not None:
             mismatches.append(seed_mismatch)
-        sampler_change = _refusals.world_dependent_sampler(state_dict, self._config(), self.ctx.world_size)
+        sampler_change = _refusals.world_dependent_sampler(state_dict, config, self.ctx.world_size)
         if sampler_change is not None:
             where = f" ({source})" if source else ""
             raise UnsupportedConfigError(f"cannot resume{where}: {sampler_change}")
@@ -418,6 +419,10 @@ class DataLoaderAdapter(Stateful):
 
     def _config(self) -> dict:
         raise NotImplementedError
+
+    def _config_at(self, world_size: Any) -> dict:
+        """``_config()`` as this loader would have on ``world_size`` processes (a saved state's, to compare)."""
+        return self._config()
 
     def _base_state(self) -> Any:
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Sampler
@@ -12,6 +12,8 @@ from ._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ..position._deal import Step, deal, rank_batches
 from ..position._order import mix_seed
+from ..position._sampler_rng import LEGACY_PATHS, drawn_twice, fingerprint, reseed, user_seed
+from ..checkpoint import _refusals
 from ._ordered import require_in_order
 from ..errors import CheckpointError, UnsupportedConfigError
 
@@ -27,20 +29,18 @@ def uses_batch_sampler(dataloader: DataLoader) -> bool:
     )
 
 
-def draw_batches(batch_sampler: Any, seed: int, epoch: int) -> list[list[int]]:
+def draw_batches(batch_sampler: Any, seed: int, epoch: int, skip: Sequence[Any] = ()) -> list[list[int]]:
     """Every batch ``batch_sampler`` draws in ``epoch``: a pure function of (seed, epoch).
 
-    The sampler (and the sampler it wraps, if any) gets ``set_epoch(epoch)`` when it has one; each
-    ``torch.Generator`` they hold, and torch's global RNG, are seeded from (seed, epoch) while it is drawn,
-    so a sampler that shuffles with either is reproduced exactly. This is the one place the epoch's batches
-    are drawn: any further RNG a sampler may use belongs here.
+    The sampler (and the sampler it wraps, if any) gets ``set_epoch(epoch)`` when it has one; every RNG
+    they hold under any attribute name (``_sampler_rng``), and torch's global RNG, are seeded from (seed,
+    epoch) while it is drawn, so a sampler that shuffles with any of them is reproduced exactly. This is the
+    one place the epoch's batches are drawn: any further RNG a sampler may use belongs here.
     """
     for part in (batch_sampler, getattr(batch_sampler, "sampler", None)):
         if hasattr(part, "set_epoch"):
             part.set_epoch(epoch)
-        generator = getattr(part, "generator", None)
-        if isinstance(generator, torch.Generator):
-            generator.manual_seed(mix_seed(seed, epoch))
+    reseed(batch_sampler, seed, epoch, skip)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(mix_seed(seed, epoch, 1))
         return [list(map(int, batch)) for batch in batch_sampler]
@@ -107,6 +107,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         self._origin = 0
         self._steps = 0
         self._cache: tuple[Any, Any] = (None, None)
+        self._checked = False  # the first epoch is drawn twice: an order that differs cannot be resumed
 
     @classmethod
     def from_dataloader(
@@ -127,7 +128,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         ctx = ctx if ctx is not None else DistContext.detect()
         as_sampler = dataloader.batch_sampler is None
         batch_sampler = dataloader.sampler if as_sampler else dataloader.batch_sampler
-        seed, seed_source = _sampler_seed(batch_sampler)
+        seed, seed_source = _sampler_seed(batch_sampler, dataloader.dataset)
         if data_seed is not None or seed_source != "generator":
             seed, seed_source = choose_seed(dataloader, data_seed, ctx)
         settings = loader_settings(dataloader)
@@ -176,7 +177,11 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         """The batches the sampler draws in epoch ``key = (seed, epoch)`` (the current one by default)."""
         key = (self._seed, self._epoch) if key is None else key
         if self._cache[0] != key:
-            self._cache = (key, (draw_batches(self._user_sampler, *key), {}))
+            skip = (self._base.dataset,)
+            draw = lambda: draw_batches(self._user_sampler, *key, skip)  # noqa: E731
+            batches = draw() if self._checked else drawn_twice(draw, type(self._user_sampler).__name__)
+            self._checked = True
+            self._cache = (key, (batches, {}, fingerprint(batches)))
         return self._cache[1][0]
 
     def _steps_of_epoch(
@@ -227,8 +232,9 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         return sum(1 for s in self._steps_of_epoch()[: self._steps] if s.batches[self.ctx.rank] is not None)
 
     def _position_state(self) -> dict:
+        self._epoch_batches()
         return {CONSUMED: self._consumed(), S.STRIPE_ORIGIN: self._origin, STEPS: self._steps,
-                S.BATCHES_YIELDED: self._batches_taken()}
+                S.BATCHES_YIELDED: self._batches_taken(), S.ORDER_FINGERPRINT: self._cache[1][2]}
 
     def _config(self) -> dict:
         return {
@@ -269,6 +275,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         self._check_split(self.ctx.world_size, where)
         _, seed, _ = S.resolve_seed(state_dict, self._seed, self._seed_source)
         key = (seed, state_dict[S.EPOCH])
+        self._check_order(state_dict, key, source)
         consumed, origin, steps = numbers[2:]
         try:
             dealt = self._steps_of_epoch(origin, world, key)
@@ -282,6 +289,17 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
                 f"{CONSUMED}={consumed}); the sampler must draw the same batches for the same seed and epoch "
                 "(seed it from its generator or set_epoch), and the dataset must be the same"
             )
+
+    def _check_order(self, state_dict: Mapping[str, Any], key: tuple[int, int], source: str) -> None:
+        """Refuse a saved position whose epoch the sampler now draws in other batches (its seed changed)."""
+        saved = state_dict.get(S.ORDER_FINGERPRINT)
+        if saved is None:
+            _refusals.legacy_order(self._user_sampler, (self._base.dataset,), LEGACY_PATHS, source)
+            return
+        self._epoch_batches(key)
+        if self._cache[1][2] != saved:
+            _refusals.order_changed(key[1], saved, self._cache[1][2], f"sampler:{type(self._user_sampler).__name__}",
+                                    source)
 
     def merge_rank_states(self, states: list) -> Mapping[str, Any]:
         merged = super().merge_rank_states(states)
@@ -310,10 +328,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         self._steps = own[num_batches - 1][0] if num_batches else 0
 
 
-def _sampler_seed(batch_sampler: Any) -> tuple[int, str]:
-    """The seed of the user's own generator, in the batch sampler or the sampler it wraps, if it has one."""
-    for part in (batch_sampler, getattr(batch_sampler, "sampler", None)):
-        generator = getattr(part, "generator", None)
-        if isinstance(generator, torch.Generator):
-            return int(generator.initial_seed()), "generator"
-    return 0, "none"
+def _sampler_seed(batch_sampler: Any, dataset: Any) -> tuple[int, str]:
+    """The seed of the user's own generator, anywhere in the batch sampler (``_sampler_rng``), if it has one."""
+    seed = user_seed(batch_sampler, (dataset,))
+    return (seed, "generator") if seed is not None else (0, "none")

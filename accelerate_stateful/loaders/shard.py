@@ -12,10 +12,13 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from ..checkpoint import _state as S
 from ._adapter import DataLoaderAdapter
 from .._context import DistContext
-from ..position._order import EpochOrder, choose_seed, mix_seed, order_for
+from ..position._distributed import DistributedOrder, owns_sharding, share_length
+from ..position._order import EpochOrder, SamplerOrder, choose_seed, mix_seed, order_for
+from ..position._sampler_rng import fingerprint
 from ._ordered import require_in_order
 from ..training._rng import PipelineRNG
 from ..position._plan import ShardPlan
+from ..checkpoint import _refusals
 from ..errors import UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
@@ -108,14 +111,16 @@ class ShardDataLoader(DataLoaderAdapter):
         self._worker_generator = torch.Generator()
         base = DataLoader(dataset, batch_sampler=self._sampler, generator=self._worker_generator, **loader_settings)
         super().__init__(base, ctx, seed=seed, seed_source=seed_source, device=device, non_blocking=non_blocking)
-        self._order = order
         self._loader_batch_size = batch_size
         self._drop_last = drop_last
         self._even_batches = even_batches
         self._split_batches = split_batches
+        if getattr(order, "sampler", None) is not None and owns_sharding(order.sampler, ctx.world_size, ctx.rank):
+            order = DistributedOrder(order.sampler, self._plan_at, ctx.world_size)
+        self._base_order = self._order = order
         self._plan = self._plan_from(0)
         self._consumed = 0
-        self._cached_order: tuple[tuple[int, int], torch.Tensor] = ((-1, -1), torch.empty(0))
+        self._cached_order: tuple[tuple[int, int, int], torch.Tensor, list] = ((-1, -1, -1), torch.empty(0), [])
         self._pipeline = PipelineRNG(pipeline_rng, self.num_workers, dataset)
 
     @classmethod
@@ -154,7 +159,7 @@ class ShardDataLoader(DataLoaderAdapter):
         settings = loader_settings(dataloader)
         return cls(
             dataset,
-            order=order_for(sampler, len(dataset)),
+            order=order_for(sampler, dataset),
             batch_size=dataloader.batch_size,
             ctx=ctx,
             seed=seed,
@@ -195,13 +200,19 @@ class ShardDataLoader(DataLoaderAdapter):
         return self._plan.num_batches
 
     # ----------------------------------------------------------------- position hooks
-    def _plan_from(self, origin: int, world: Optional[int] = None, rank: Optional[int] = None) -> ShardPlan:
+    def _plan_from(
+        self, origin: int, world: Optional[int] = None, rank: Optional[int] = None, order: Optional[EpochOrder] = None
+    ) -> ShardPlan:
         """This epoch's plan from ``origin``, for this rank (or for another topology, to check a saved state)."""
         world = self.ctx.world_size if world is None else world
         rank = self.ctx.rank if rank is None else rank
+        return self._plan_at(world, rank, (order or self._order).num_samples, origin)
+
+    def _plan_at(self, world: int, rank: int, num_samples: int, origin: int = 0) -> ShardPlan:
+        """How an order of ``num_samples`` is striped on ``world`` processes (the user's batch settings)."""
         per_rank = self._loader_batch_size // world if self._split_batches else self._loader_batch_size
         return ShardPlan(
-            num_samples=self._order.num_samples,
+            num_samples=num_samples,
             batch_size=per_rank,
             world_size=world,
             rank=rank,
@@ -212,17 +223,37 @@ class ShardDataLoader(DataLoaderAdapter):
             origin=origin,
         )
 
-    def _epoch_indices(self) -> torch.Tensor:
-        key = (self._seed, self._epoch)
+    def _epoch_indices(self, seed: Optional[int] = None, epoch: Optional[int] = None,
+                       order: Optional[EpochOrder] = None) -> torch.Tensor:
+        """The order of ``epoch`` drawn from ``seed`` (the current ones by default), memoised."""
+        order = order or self._order
+        key = (self._seed if seed is None else seed, self._epoch if epoch is None else epoch,
+               getattr(order, "world_size", 0))
         if self._cached_order[0] != key:
-            indices = self._order.indices(*key)
-            if len(indices) != self._order.num_samples:
+            indices = order.indices(*key[:2])
+            if len(indices) != order.num_samples:
                 raise UnsupportedConfigError(
-                    f"the sampler ({self._order.kind}) drew {len(indices)} indices in epoch {self._epoch}, but "
-                    f"its len() is {self._order.num_samples}; a resumable sampler must draw len() indices"
+                    f"the sampler ({order.kind}) drew {len(indices)} indices in epoch {key[1]}, but "
+                    f"its len() is {order.num_samples}; a resumable sampler must draw len() indices"
                 )
-            self._cached_order = (key, indices)
+            self._cached_order = (key, indices, [])
         return self._cached_order[1]
+
+    def _fingerprint(self, seed: Optional[int] = None, epoch: Optional[int] = None,
+                     order: Optional[EpochOrder] = None) -> str:
+        """A digest of the epoch's order (``_sampler_rng.fingerprint``), memoised with it."""
+        known = getattr(order or self._order, "known_fingerprint", None)  # an order the command line cannot draw
+        if known is not None and known(seed, epoch) is not None:
+            return known(seed, epoch)
+        self._epoch_indices(seed, epoch, order)
+        memo = self._cached_order[2]
+        if not memo:
+            memo.append(fingerprint(self._cached_order[1]))
+        return memo[0]
+
+    def _use_order_of(self, world: int) -> None:
+        """Read the epoch in the order it has on ``world`` processes (a ``DistributedSampler``'s depends on it)."""
+        self._order = self._base_order.at_world(world)
 
     def _batches(self) -> Iterator[Any]:
         total = self._plan.num_batches
@@ -262,26 +293,41 @@ class ShardDataLoader(DataLoaderAdapter):
         return self._consumed / self._order.num_samples if self._order.num_samples else None
 
     def _position_state(self) -> dict:
-        return {
+        state = {
             S.SAMPLES_CONSUMED: self._consumed,
             S.STRIPE_ORIGIN: self._plan.origin,
             S.BATCHES_YIELDED: self._batches_taken(),
+            S.ORDER_FINGERPRINT: self._fingerprint(),
         }
+        if self._order.world_dependent:
+            state[S.ORDER_WORLD] = self._order.world_size
+        return state
 
     def _config(self) -> dict:
         return {
             "batch_size": self._loader_batch_size,
             "dataset_length": len(self._base.dataset),
-            "num_samples": self._order.num_samples,
+            "num_samples": self._base_order.config_length,
             "drop_last": self._drop_last,
             "even_batches": self._even_batches,
             "split_batches": self._split_batches,
             "order": self._order.kind,
         }
 
+    def _config_at(self, world: int) -> dict:
+        config = self._config()
+        if self._base_order.world_dependent:
+            config["num_samples"] = share_length(self._base_order.sampler, world)
+        return config
+
     def _remainder(self) -> int:
         plan = self._plan
-        return -1 if self._drop_last else (plan.num_samples - plan.origin) % plan.total_batch_size
+        if self._drop_last:
+            return -1
+        # Real samples in the last step: those before the order's own padding (a DistributedSampler's).
+        last = plan.origin + max(plan.num_steps - 1, 0) * plan.total_batch_size
+        return min(max(plan.num_samples - self._order.padding - last, 0), plan.total_batch_size) % \
+            plan.total_batch_size
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
         saved = state_dict[S.TOPOLOGY]
@@ -306,8 +352,11 @@ class ShardDataLoader(DataLoaderAdapter):
                 "be integers, none negative; the state is damaged or was edited by hand, resume from another "
                 "checkpoint"
             )
+        order = self._saved_order(state_dict, where)
+        self._check_order(state_dict, order, source)
         try:
-            steps = self._plan_from(origin, world, rank).steps_for(consumed)
+            consumed = self._saved_consumed(state_dict, order)
+            steps = self._plan_from(origin, world, rank, order).steps_for(consumed)
         except ValueError as exc:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: inconsistent position ({exc}); the state is damaged or was edited "
@@ -320,8 +369,45 @@ class ShardDataLoader(DataLoaderAdapter):
                 "was edited by hand, resume from another checkpoint"
             )
 
-    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+    def _saved_order(self, state_dict: Mapping[str, Any], where: str) -> EpochOrder:
+        """The order the saved epoch is read in: a ``DistributedSampler``'s keeps the world size that began it."""
+        if not self._base_order.world_dependent:
+            return self._base_order
+        world = state_dict.get(S.ORDER_WORLD, state_dict[S.TOPOLOGY]["world_size"])
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: invalid number of processes of the epoch's order {world!r}; the state is "
+                "damaged or was edited by hand, resume from another checkpoint"
+            )
+        return self._base_order.at_world(world)
+
+    def _saved_consumed(self, state_dict: Mapping[str, Any], order: EpochOrder) -> int:
+        """The saved position in samples of ``order``. A ``DistributedSampler``'s position saved by an earlier
+        release counted the samples of one process's share: converted through the steps it stands for."""
         consumed = state_dict[S.SAMPLES_CONSUMED]
+        if not order.world_dependent or S.ORDER_WORLD in state_dict:
+            return consumed
+        topology = state_dict[S.TOPOLOGY]
+        steps = self._plan_at(topology["world_size"], 0, order.config_length).steps_for(consumed)  # rank 0: every step
+        return self._plan_at(topology["world_size"], 0, order.num_samples).samples_consumed(steps)
+
+    def _check_order(self, state_dict: Mapping[str, Any], order: EpochOrder, source: str) -> None:
+        """Refuse a saved position whose epoch this run draws in another order than the run that saved it."""
+        saved = state_dict.get(S.ORDER_FINGERPRINT)
+        if saved is None:
+            if isinstance(self._base_order, SamplerOrder):
+                _refusals.legacy_order(self._base_order.sampler, self._base_order.skip, (".generator",), source)
+            return
+        _, seed, _ = S.resolve_seed(state_dict, self._seed, self._seed_source)
+        current = self._fingerprint(seed, state_dict[S.EPOCH], order)
+        if current != saved:
+            _refusals.order_changed(state_dict[S.EPOCH], saved, current, self._order.kind, source)
+
+    def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        self._order = self._saved_order(state_dict, "")
+        if state_dict[S.SAMPLES_CONSUMED] == 0:
+            self._use_order_of(self.ctx.world_size)  # an epoch nobody began yet is this world size's own
+        consumed = self._saved_consumed(state_dict, self._order)
         if state_dict[S.TOPOLOGY]["world_size"] == self.ctx.world_size:
             origin = state_dict.get(S.STRIPE_ORIGIN, 0)
         else:
@@ -331,6 +417,7 @@ class ShardDataLoader(DataLoaderAdapter):
         self._consumed = consumed
 
     def _rewind(self) -> None:
+        self._use_order_of(self.ctx.world_size)  # a new epoch is this world size's own
         self._plan = self._plan_from(0)
         self._consumed = 0
 

@@ -6,13 +6,14 @@ The order never depends on the global RNG (which Accelerate restores in
 
 from __future__ import annotations
 
-from typing import Optional, Sized
+from typing import Any, Optional, Sized
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
 
 from .._context import DistContext
 from ..training._rng import preserved_globals, seed_globals
+from ._sampler_rng import drawn_twice, reseed, user_seed
 from ._seeds import mix_seed
 
 
@@ -28,9 +29,16 @@ class EpochOrder:
     """
 
     kind: str = "abstract"
+    world_dependent = False  # whether the order changes with the number of processes (``_distributed``)
+    padding = 0  # entries at the order's end that repeat earlier ones (not real samples)
 
     def __init__(self, num_samples: int) -> None:
         self.num_samples = num_samples
+        self.config_length = num_samples  # the samples per epoch the user sees (``len(sampler)``)
+
+    def at_world(self, world_size: int) -> "EpochOrder":
+        """This order as it is on ``world_size`` processes (the same, unless ``world_dependent``)."""
+        return self
 
     def indices(self, seed: int, epoch: int) -> torch.Tensor:
         raise NotImplementedError
@@ -58,46 +66,57 @@ class SamplerOrder(EpochOrder):
     """A user's own sampler, drawn once per epoch under an RNG seeded from (seed, epoch).
 
     Drawing the indices costs no data loading. The sampler gets ``set_epoch``
-    when it has one; its own ``torch.Generator`` (if any) and the global
-    ``torch``, ``random`` and ``numpy`` RNGs are all seeded from (seed, epoch)
-    while it is drawn, and the global RNGs are restored afterwards, so a
-    sampler that draws its order from any of them is reproduced exactly and
-    the training loop's own RNG stream is untouched.
+    when it has one; every RNG it holds, under any attribute name
+    (``_sampler_rng``), and the global ``torch``, ``random`` and ``numpy`` RNGs
+    are all seeded from (seed, epoch) while it is drawn, and the global RNGs
+    are restored afterwards, so a sampler that draws its order from any of
+    them is reproduced exactly and the training loop's own RNG stream is
+    untouched. The first epoch is drawn twice: a sampler whose order still
+    differs keeps randomness nothing can seed, and is refused.
     """
 
-    def __init__(self, sampler: Sampler) -> None:
+    def __init__(self, sampler: Sampler, dataset: Any = None) -> None:
         super().__init__(len(sampler) if isinstance(sampler, Sized) else -1)
         self.sampler = sampler
         self.kind = f"sampler:{type(sampler).__qualname__}"
+        self.skip = () if dataset is None else (dataset,)
+        self._checked = False
 
     def indices(self, seed: int, epoch: int) -> torch.Tensor:
+        if self._checked:
+            return self._draw(seed, epoch)
+        drawn = drawn_twice(lambda: self._draw(seed, epoch), type(self.sampler).__name__)
+        self._checked = True
+        return drawn
+
+    def _draw(self, seed: int, epoch: int) -> torch.Tensor:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
-        generator = getattr(self.sampler, "generator", None)
-        if isinstance(generator, torch.Generator):
-            generator.manual_seed(mix_seed(seed, epoch))
-
+        reseed(self.sampler, seed, epoch, self.skip)
         with preserved_globals():
             seed_globals(mix_seed(seed, epoch, 1))
             drawn = torch.as_tensor(list(iter(self.sampler)), dtype=torch.int64)
         return drawn
 
 
-def order_for(sampler: Sampler, dataset_length: int) -> EpochOrder:
-    """The epoch order that reproduces ``sampler``, the sampler of a user's ``DataLoader``."""
+def order_for(sampler: Sampler, dataset: Any) -> EpochOrder:
+    """The epoch order that reproduces ``sampler``, the sampler of a user's ``DataLoader`` over ``dataset``."""
+    dataset_length = len(dataset)
     if type(sampler) is SequentialSampler:
         return SequentialOrder(dataset_length)
     if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == dataset_length:
         return ShuffledOrder(dataset_length)
-    return SamplerOrder(sampler)
+    return SamplerOrder(sampler, dataset)
 
 
 def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext) -> tuple[int, str]:
     """The seed of the epoch orders: the user's choice, else one drawn and agreed across ranks."""
     if data_seed is not None:
         return int(data_seed), "data_seed"
-    for generator in (getattr(dataloader.sampler, "generator", None), dataloader.generator):
-        if isinstance(generator, torch.Generator):
-            return int(generator.initial_seed()), "generator"
+    held = user_seed(dataloader.sampler, (dataloader.dataset,))
+    if held is not None:
+        return held, "generator"
+    if isinstance(dataloader.generator, torch.Generator):
+        return int(dataloader.generator.initial_seed()), "generator"
     drawn = int(torch.empty((), dtype=torch.int64).random_().item())
     return int(ctx.broadcast(drawn)), "drawn"
