@@ -46,7 +46,8 @@ def free_port() -> int:
 def launch_env(**extra: str) -> dict[str, str]:
     """This environment minus any launcher's variables, plus what a CPU (gloo) launch needs, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
-    env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+    env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.update(extra)
     return env
 
