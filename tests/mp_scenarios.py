@@ -720,7 +720,7 @@ def check_replay(cfg: dict, run: Run, chain: list[SavePoint], own: list[int], fo
 
 def check_auto_restarts(cfg: dict, reference: list[dict], per_epoch: list[int], project: Path,
                         found: Findings) -> None:
-    """Kill and relaunch the same command: ``resume()`` picks the newest complete checkpoint every time."""
+    """Kill and start the same command again: ``resume()`` picks the newest complete checkpoint every time."""
     points = chains(per_epoch)[0] + [("done",)]
     seen: list[dict] = []
     expected: Optional[Path] = None

@@ -22,7 +22,7 @@ from accelerate_stateful.checkpoint import _files
 from accelerate_stateful import __main__ as module_main
 from accelerate_stateful.cli._main import main
 
-from cli_run import REPO, cli_json, run_cli, run_module, run_subprocess, subprocess_env
+from cli_run import REPO, cli_json, run_cli, run_module, run_subprocess
 import mp_harness
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -23,7 +23,7 @@ import mp_harness
 
 SCRIPT = Path(__file__).with_name("mp_lifecycle.py")
 FIRST_SEED = int(os.environ.get("LIFECYCLE_MP_SEED", "100"))  # the 1-process test draws seeds 0-23
-PROGRAMS, REFUSALS = 8, 3
+PROGRAMS, REFUSALS = 16, 4
 
 
 @pytest.mark.multiprocess

@@ -13,7 +13,6 @@ SIGKILL, by SIGKILL inside a save, by SIGTERM to the launcher and by SIGUSR1 to 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
