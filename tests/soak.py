@@ -112,7 +112,7 @@ def _result(index: int, kind: str, set_name: str, ids: list[str], done: mp_harne
     return result
 
 
-def soak(launches: int, out: Path, kind: str = "exit", first: int = 0, per_launch: int = 2,
+def soak(launches: int, out: Path, kind: str = "exit", first: int = 0, per_launch: int = 1,
          timeout_s: float = 300.0, budget_s: Optional[float] = None) -> list[Result]:
     """Run launches ``first`` .. ``first + launches - 1`` (fewer if ``budget_s`` runs out), one line each."""
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--kind", choices=("exit", "scenarios"), default="exit")
     parser.add_argument("--launches", type=int, default=100)
     parser.add_argument("--first", type=int, default=0, help="index of the first launch (the rotation's place)")
-    parser.add_argument("--per-launch", type=int, default=2, help="scenarios a launch (--kind scenarios)")
+    parser.add_argument("--per-launch", type=int, default=1, help="scenarios a launch (--kind scenarios)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="a launch still running then is a hang")
     parser.add_argument("--out", type=Path, default=Path("soak_out"))
     parser.add_argument("--summary", action="store_true", help="only print the figures of what OUT holds")
