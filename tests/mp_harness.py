@@ -224,7 +224,7 @@ def finish(job: Job, timeout_s: float, stall_s: Optional[float] = None, watch: S
             if reason:
                 job.dump_stacks()
                 break
-            time.sleep(0.2)
+            time.sleep(0.5)  # the job's ranks share the cores with this loop
         leftovers = [] if reason else job.leftovers()
     finally:
         job.kill()
