@@ -37,8 +37,13 @@ torture: install
 		$(PY) -m pytest -q -s tests/test_torture.py
 
 # 100 short 2-process launches (every loader kind, workers, a checkpoint, end_training): none may hang at exit.
+# Then 300 short launches of the resume scenario sets (tests/mp_scenarios.py), one scenario each, rotating
+# through every set: none may hang (the watchdog dumps every rank's and worker's stack) or fail.
 soak: install
-	$(PY) tests/soak.py --launches $${SOAK_LAUNCHES:-100} --out soak_out
+	rm -rf soak_out
+	$(PY) tests/soak.py --kind exit --launches $${SOAK_LAUNCHES:-100} --out soak_out/exit
+	$(PY) tests/soak.py --kind scenarios --per-launch 1 --launches $${SOAK_SCENARIO_LAUNCHES:-300} \
+		--out soak_out/scenarios
 
 # The tables print; the results also go to bench_out/*.json, drawn into docs/figures/*.png (commit those).
 bench: install

@@ -156,4 +156,6 @@ def train_step(accelerator: Accelerator, run: tuple, batch: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    import mp_harness_rank
+
+    mp_harness_rank.run(main)

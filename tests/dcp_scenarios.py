@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accelerate_stateful import DistContext, IterableShardDataLoader, ShardDataLoader, StateMismatchError  # noqa: E402
 from accelerate_stateful.checkpoint.dcp import LoaderCheckpoint  # noqa: E402
+import mp_harness_rank  # noqa: E402
 from harness import batch_ids  # noqa: E402
 from streams import CountingStream  # noqa: E402
 
@@ -161,12 +162,14 @@ def main() -> None:
             checks.expect(False, "a checkpoint for batch_size=2 loaded into batch_size=3 loaders was accepted")
         except StateMismatchError as exc:
             checks.expect("batch_size: saved 2, current 3" in str(exc), f"another batch size is refused: {exc}")
-    except Exception:
+    except Exception:  # recorded for the test to print, then every rank ends (mp_harness_rank.run)
         checks.failures.append(traceback.format_exc())
-    (out / f"rank{ctx.rank}.json").write_text(json.dumps(vars(checks), indent=1))
+        raise
+    finally:
+        (out / f"rank{ctx.rank}.json").write_text(json.dumps(vars(checks), indent=1))
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    mp_harness_rank.run(main)

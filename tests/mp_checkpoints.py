@@ -36,6 +36,8 @@ from torch.utils.data import DataLoader
 from accelerate_stateful import Accelerator
 from accelerate_stateful.checkpoint import _files
 
+import mp_harness_rank
+
 
 def stateful(project: Path, **config) -> Accelerator:
     return Accelerator(
@@ -139,12 +141,13 @@ def main() -> None:
         try:
             scenario(out, rank)
             record(out, rank, name, True, "")
-        except Exception as exc:  # recorded for the test to print; the next scenarios still run
+        except Exception as exc:  # recorded for the test to print, then every rank ends (mp_harness_rank.run)
             record(out, rank, name, False, f"{exc!r}\n{traceback.format_exc()}")
+            raise
         probe.wait_for_everyone()
     main_only_save(out, rank)
     probe.end_training()
 
 
 if __name__ == "__main__":
-    main()
+    mp_harness_rank.run(main)

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from accelerate_stateful import Accelerator, RoundRobinDataset, TextLines
 
 sys.path.insert(0, str(Path(__file__).parent))
+import mp_harness_rank  # noqa: E402
 from mp_scenarios import Ids  # noqa: E402
 from streams import CountingStream, OpaqueStream, decode  # noqa: E402
 
@@ -92,4 +93,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    mp_harness_rank.run(main, Path(sys.argv[1]))

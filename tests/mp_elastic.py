@@ -27,6 +27,7 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, Pr
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from accelerate_stateful import Accelerator, SampleRNG, sample_rng
+import mp_harness_rank
 from streams import CountingStream
 
 SAMPLES, BATCH_SIZE, EPOCHS, SEED, ACCUMULATION = 53, 3, 4, 5, 2
@@ -171,4 +172,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    mp_harness_rank.run(main)

@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Sampler
 from accelerate_stateful import Accelerator
 from accelerate_stateful.checkpoint import _files
 from accelerate_stateful.errors import CheckpointError, LifecycleError, StatefulLoaderError, StateMismatchError
+import mp_harness_rank
 from streams import CountingStream
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
@@ -355,11 +356,13 @@ def main() -> None:
         try:
             detail = SCENARIOS[name](out / name, state.process_index)
             results.append({"id": name, "passed": True, "detail": detail})
-        except Exception as exc:  # recorded for the test to print; the next scenarios still run
+        except Exception as exc:  # recorded for the test to print, then every rank ends (mp_harness_rank.run)
             results.append({"id": name, "passed": False, "detail": f"{exc!r}\n{traceback.format_exc()}"})
-        (out / f"rank{state.process_index}.json").write_text(json.dumps(results, indent=1, default=str))
+            raise
+        finally:
+            (out / f"rank{state.process_index}.json").write_text(json.dumps(results, indent=1, default=str))
     dist.barrier()
 
 
 if __name__ == "__main__":
-    main()
+    mp_harness_rank.run(main)

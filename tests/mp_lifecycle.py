@@ -22,6 +22,7 @@ from accelerate.utils import DataLoaderConfiguration, broadcast_object_list
 sys.path.insert(0, str(Path(__file__).parent))
 
 import lifecycle_programs as programs  # noqa: E402
+import mp_harness_rank  # noqa: E402
 from accelerate_stateful import Accelerator  # noqa: E402
 
 
@@ -52,4 +53,4 @@ def main(out_dir: Path, first: int, count: int, refusals: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    mp_harness_rank.run(main, Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

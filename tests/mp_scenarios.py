@@ -9,7 +9,7 @@ Usage (``test_multiprocess.py`` builds this command; with one process, ``--cpu``
 ``--multi_gpu``, which needs two or more)::
 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N --num_machines 1 \
-        --mixed_precision no --dynamo_backend no tests/mp_scenarios.py OUT_DIR SET_NAME [SCENARIO_ID]
+        --mixed_precision no --dynamo_backend no tests/mp_scenarios.py OUT_DIR SET_NAME [SCENARIO_IDS]
 
 For each scenario of ``ALL_SETS[SET_NAME]`` every rank runs:
 
@@ -34,9 +34,14 @@ For each scenario of ``ALL_SETS[SET_NAME]`` every rank runs:
 
 Each rank writes ``OUT_DIR/rank<R>.json`` (rewritten after every scenario):
 one entry per scenario with ``id``, ``passed`` and ``difference`` (the
-first difference in words, or the traceback). A failing scenario does not
-stop the launch: ranks keep running the same collectives and only record
-what differs. A collective desync does stop it.
+first difference in words, or the traceback). A scenario whose runs differ
+does not stop the launch: ranks keep running the same collectives and only
+record what differs. A scenario that raises on a rank is recorded there and
+ends the launch on every rank (``mp_harness_rank.run``): the other ranks may be
+waiting in a collective the raising rank will never reach.
+
+``SCENARIO_IDS`` (a comma-separated list) runs those scenarios of the set only, in the set's order: the soak
+(``soak.py --kind scenarios``) runs a few per launch.
 """
 
 from __future__ import annotations
@@ -64,13 +69,15 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 import accelerate_stateful
 from accelerate_stateful import DispatchDataLoader
 from accelerate_stateful.checkpoint import _files
+import mp_harness_rank
 from mp_loops import LOOP_IDS, run_loop_case
 from streams import CountingStream, OpaqueStream, OpenOnce, decode
 
 EPOCHS = 3
 # A desync fails in two minutes instead of hanging for gloo's default half hour (30 s timed out now and then
-# on a loaded 2-core machine, where one rank can fall that far behind another).
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+# on a loaded 2-core machine, where one rank can fall that far behind another). The harness's watchdog dumps
+# every stack at 3/4 of it.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=mp_harness_rank.collective_timeout_s(120))
 FRESH_SEED = 7  # what `set_seed` at the top of a script does; resumed runs get other seeds
 
 # A save point, counted from the run's start: ("start",) before the first batch (or right after
@@ -713,7 +720,7 @@ def check_replay(cfg: dict, run: Run, chain: list[SavePoint], own: list[int], fo
 
 def check_auto_restarts(cfg: dict, reference: list[dict], per_epoch: list[int], project: Path,
                         found: Findings) -> None:
-    """Kill and relaunch the same command: ``resume()`` picks the newest complete checkpoint every time."""
+    """Kill and start the same command again: ``resume()`` picks the newest complete checkpoint every time."""
     points = chains(per_epoch)[0] + [("done",)]
     seen: list[dict] = []
     expected: Optional[Path] = None
@@ -793,13 +800,6 @@ def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
         check_auto_restarts(cfg, reference, per_epoch, root / "auto", found)
 
 
-def is_desync(exc: BaseException) -> bool:
-    """Whether a collective failed: the ranks are out of step, and only ending the launch is safe."""
-    text = str(exc).lower()
-    signs = ("gloo", "timed out", "application timeout", "connection closed", "pair closure")
-    return isinstance(exc, dist.DistError) or any(sign in text for sign in signs)
-
-
 # The launches that also run the everyday loops of ``mp_loops.py`` (2 and 3 processes).
 LOOP_SETS = ("world2", "world3")
 
@@ -812,13 +812,16 @@ def expected_ids(set_name: str) -> list[str]:
 def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
     state = PartialState(cpu=True, timeout=COLLECTIVE_TIMEOUT)
     torch.set_num_threads(1)
-    scenarios = [cfg for cfg in ALL_SETS[set_name] if only is None or cfg["id"] == only]
+    wanted = expected_ids(set_name) if only is None else only.split(",")
+    unknown = set(wanted) - set(expected_ids(set_name))
+    if unknown:
+        raise ValueError(f"{set_name} has no scenario {sorted(unknown)}")
+    scenarios = [cfg for cfg in ALL_SETS[set_name] if cfg["id"] in wanted]
+    scenarios += [{"id": case} for case in LOOP_IDS if case in wanted]
     if state.is_main_process:
         print(f"{set_name}: {len(scenarios)} scenarios on {state.num_processes} processes "
               f"({state.distributed_type})", flush=True)
     results = []
-    if only is None and set_name in LOOP_SETS:
-        scenarios += [{"id": case} for case in LOOP_IDS]
     for cfg in scenarios:
         # A pass the last scenario dropped while a caught exception's traceback held it ends when the garbage
         # collector runs, at a different moment on each rank, and its end unregisters its loader from Accelerate's
@@ -833,11 +836,11 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
                 found.compared = run_loop_case(cfg["id"], out_dir / "checkpoints" / cfg["id"], found.add)
             else:
                 run_scenario(cfg, out_dir / "checkpoints" / cfg["id"], found)
-        except Exception as exc:  # one scenario's failure must not hide the others'
-            if is_desync(exc):
-                raise
+        except Exception as exc:  # recorded here, then the launch ends on every rank (mp_harness_rank.run)
             found.add(f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            print(f"[rank {state.process_index}] {cfg['id']}: {found.items[-1]}", file=sys.stderr, flush=True)
+            results.append({"id": cfg["id"], "passed": False, "difference": found.items[0], "raised": True})
+            (out_dir / f"rank{state.process_index}.json").write_text(json.dumps(results, indent=1))
+            raise
         # Every rank must have finished the same scenario; anything else is a desync.
         finished = gather_object([(cfg["id"], not found.items)])
         if {sid for sid, _ in finished} != {cfg["id"]}:
@@ -863,4 +866,4 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], *sys.argv[3:])  # a third argument runs one scenario (debugging)
+    mp_harness_rank.run(main, Path(sys.argv[1]), sys.argv[2], *sys.argv[3:])

@@ -19,6 +19,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mp_harness_rank  # noqa: E402
 from streams import CountingStream, HeavyStateStream  # noqa: E402
 
 from accelerate_stateful import Accelerator  # noqa: E402
@@ -54,4 +55,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    mp_harness_rank.run(main)

@@ -1,13 +1,21 @@
-"""Many short 2-process launches in a row: does every one of them end?
+"""Many short 2-process launches in a row: does every one of them end, and end well?
 
-Each launch runs ``mp_soak.py`` on 2 real processes (gloo): every kind of loader with data-loading
-workers, a checkpoint, one loader abandoned mid-epoch, ``accelerator.end_training()``. A launch that has not exited ``hang_s`` seconds
-after its start counts as a hang: its ranks get SIGABRT first, so that Python's fault handler
-(``PYTHONFAULTHANDLER=1``) prints every thread's stack into the log, then the whole job is killed.
-A launch whose output holds "terminate called" (a C++ thread still running when the process ended)
-is counted too. ``make soak`` runs 100 launches; the test suite runs a few.
+Two kinds of launch, each through the multi-process harness (``mp_harness.py``: a watchdog at 3/4 of the
+collective timeout dumps the stack of every rank and DataLoader worker into the launch's ``stacks.log``, then
+kills the job; nothing is launched twice):
 
-    python tests/soak.py --launches 100 --out soak_out
+- ``exit`` (``mp_soak.py``): every kind of loader with workers, a checkpoint, one loader abandoned mid-epoch,
+  ``accelerator.end_training()``; the launch must exit, without "terminate called" in its output.
+- ``scenarios`` (``mp_scenarios.py``): the resume scenario sets of ``ALL_SETS``, ``--per-launch`` scenarios a
+  launch (about 10 s), rotating through every scenario of every set; launch ``i`` of the rotation is the same
+  whatever chunk runs it (``--first``), so a soak can be run in chunks.
+
+Each launch appends one JSON line to ``OUT/soak.jsonl``: its scenarios, seconds, status, whether the watchdog
+fired (a hang), the scenarios that failed, processes left running, the machine's load. ``--summary`` reads every
+line there (all chunks) and prints the figures::
+
+    python tests/soak.py --kind scenarios --first 0 --launches 30 --out soak_out
+    python tests/soak.py --summary --out soak_out
 """
 
 from __future__ import annotations
@@ -15,125 +23,147 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
+import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
-import psutil
+import mp_harness
+from mp_scenarios import ALL_SETS, expected_ids
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = mp_harness.ROOT
+TESTS = ROOT / "tests"
 TERMINATE = "terminate called"
+SCENARIO_TIMEOUT_S = 120.0  # mp_scenarios' collective timeout
 
 
 @dataclass
-class Launch:
+class Result:
     index: int
+    kind: str
+    set_name: str
+    scenarios: list[str]
     seconds: float
-    returncode: int | None  # None: it hung and was killed
-    terminate_message: bool
-    work_done: bool  # both ranks got to the end of the script
-    log: str
+    returncode: Optional[int]  # None: the watchdog ended it
+    watchdog: Optional[str]
+    failed: list[str] = field(default_factory=list)  # scenarios a rank reported as failed, or never finished
+    terminate_message: bool = False
+    leftovers: list[str] = field(default_factory=list)
+    load: float = 0.0  # the 1-minute load average when the launch started
+    folder: str = ""
 
     @property
     def hung(self) -> bool:
-        return self.returncode is None
+        return self.watchdog is not None
+
+    @property
+    def ok(self) -> bool:
+        return not self.hung and self.returncode == 0 and not self.failed and not self.terminate_message
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def rotation(per_launch: int) -> list[tuple[str, list[str]]]:
+    """Every scenario of every set, ``per_launch`` of one set per launch, in a fixed order."""
+    launches = []
+    for set_name in ALL_SETS:
+        ids = expected_ids(set_name)
+        launches += [(set_name, ids[i:i + per_launch]) for i in range(0, len(ids), per_launch)]
+    return launches
 
 
-def launch_env() -> dict[str, str]:
-    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_", "ACCELERATE_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_vars)}
-    env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
-    return env
+def world(set_name: str) -> int:
+    return int(set_name.rsplit("world", 1)[1])
 
 
-def command(script: Path, script_args: list[str]) -> list[str]:
-    return [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--num_cpu_threads_per_process", "1", "--main_process_port", str(free_port()),
-        str(script), *script_args,
-    ]
+def launch_scenarios(index: int, out: Path, per_launch: int, timeout_s: float) -> Result:
+    set_name, ids = rotation(per_launch)[index % len(rotation(per_launch))]
+    folder = out / f"launch_{index:04d}"
+    results = folder / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
+    command = mp_harness.accelerate_command(TESTS / "mp_scenarios.py", [results, set_name, ",".join(ids)],
+                                            world(set_name))
+    done = mp_harness.launch(command, folder, timeout_s=timeout_s, collective_timeout_s=SCENARIO_TIMEOUT_S,
+                             watch=[results], HF_HOME=str(folder / "hf_home"))
+    failed = []
+    for rank in range(world(set_name)):
+        path = results / f"rank{rank}.json"
+        reported = {r["id"]: r for r in json.loads(path.read_text())} if path.exists() else {}
+        failed += [f"{sid} (rank {rank})" for sid in ids if not reported.get(sid, {}).get("passed")]
+    return _result(index, "scenarios", set_name, ids, done, failed, load)
 
 
-def launch_once(index: int, out: Path, hang_s: float, script: Path | None = None,
-                script_args: list[str] | None = None) -> Launch:
-    """One launch; a hang is dumped (SIGABRT to the ranks) and killed, never waited on past ``hang_s``."""
+def launch_exit(index: int, out: Path, timeout_s: float) -> Result:
+    folder = out / f"launch_{index:04d}"
+    load = os.getloadavg()[0]
+    done = mp_harness.launch(mp_harness.accelerate_command(TESTS / "mp_soak.py", [folder]), folder,
+                             timeout_s=timeout_s, watch=[folder / "project"])
+    failed = [f"rank {rank} did not reach the end" for rank in range(2) if not (folder / f"done_rank{rank}").exists()]
+    return _result(index, "exit", "mp_soak", [], done, failed, load)
+
+
+def _result(index: int, kind: str, set_name: str, ids: list[str], done: mp_harness.Launch, failed: list[str],
+            load: float) -> Result:
+    result = Result(index, kind, set_name, ids, done.seconds, done.returncode, done.watchdog, failed,
+                    TERMINATE in done.output, done.leftovers, round(load, 2), str(done.folder))
+    if not result.ok:
+        (done.folder / "report.txt").write_text(done.report())
+    return result
+
+
+def soak(launches: int, out: Path, kind: str = "exit", first: int = 0, per_launch: int = 1,
+         timeout_s: float = 300.0, budget_s: Optional[float] = None) -> list[Result]:
+    """Run launches ``first`` .. ``first + launches - 1`` (fewer if ``budget_s`` runs out), one line each."""
     out.mkdir(parents=True, exist_ok=True)
-    log = out / "launch.log"
-    script = script or ROOT / "tests" / "mp_soak.py"
-    script_args = [str(out)] if script_args is None else script_args
+    results: list[Result] = []
     started = time.monotonic()
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(command(script, script_args), cwd=ROOT, env=launch_env(), stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        returncode = proc.wait(timeout=hang_s)
-    except subprocess.TimeoutExpired:
-        returncode = None
-        _dump_and_kill(proc)
-    seconds = time.monotonic() - started
-    text = log.read_text(errors="replace")
-    done = all((out / f"done_rank{rank}").exists() for rank in range(2))
-    return Launch(index, round(seconds, 2), returncode, TERMINATE in text, done, str(log))
-
-
-def _dump_and_kill(proc: subprocess.Popen) -> None:
-    """SIGABRT every rank (the fault handler prints each thread's stack), then SIGKILL the whole job."""
-    tree = [psutil.Process(proc.pid)]
-    tree += tree[0].children(recursive=True)
-    for p in tree[1:]:
-        try:
-            if "python" in p.name().lower():
-                p.send_signal(signal.SIGABRT)
-        except psutil.NoSuchProcess:
-            pass
-    time.sleep(2)
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-
-
-def soak(launches: int, out: Path, hang_s: float, budget_s: float | None = None) -> list[Launch]:
-    """Run up to ``launches`` launches (fewer if ``budget_s`` runs out); every one is bounded by ``hang_s``."""
-    results: list[Launch] = []
-    started = time.monotonic()
-    for index in range(launches):
-        if budget_s is not None and results and time.monotonic() - started + hang_s > budget_s:
+    for index in range(first, first + launches):
+        if budget_s is not None and results and time.monotonic() - started + timeout_s > budget_s:
             break
-        result = launch_once(index, out / f"launch_{index:03d}", hang_s)
+        if kind == "exit":
+            result = launch_exit(index, out, timeout_s)
+        else:
+            result = launch_scenarios(index, out, per_launch, timeout_s)
         results.append(result)
-        print(json.dumps(asdict(result)), flush=True)
+        line = json.dumps(asdict(result))
+        with open(out / "soak.jsonl", "a") as log:
+            log.write(line + "\n")
+        print(line, flush=True)
     return results
+
+
+def summary(out: Path) -> tuple[str, bool]:
+    """The figures of every launch recorded under ``out`` (all chunks), and whether every launch was ok."""
+    rows = [json.loads(line) for line in (out / "soak.jsonl").read_text().splitlines() if line.strip()]
+    results = [Result(**row) for row in rows]
+    hung = [r.index for r in results if r.hung]
+    failed = [r.index for r in results if not r.hung and not r.ok]
+    times = [r.seconds for r in results if not r.hung] or [float("nan")]
+    loads = [r.load for r in results] or [float("nan")]
+    scenarios = {(r.set_name, s) for r in results for s in r.scenarios}
+    text = (f"{len(results)} launches ({len(scenarios)} distinct scenarios): {len(hung)} hung {hung}, "
+            f"{len(failed)} failed {failed}; seconds min {min(times):.1f} median {statistics.median(times):.1f} "
+            f"max {max(times):.1f}; load average min {min(loads):.2f} median {statistics.median(loads):.2f} "
+            f"max {max(loads):.2f}")
+    return text, not hung and not failed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", choices=("exit", "scenarios"), default="exit")
     parser.add_argument("--launches", type=int, default=100)
+    parser.add_argument("--first", type=int, default=0, help="index of the first launch (the rotation's place)")
+    parser.add_argument("--per-launch", type=int, default=1, help="scenarios a launch (--kind scenarios)")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="a launch still running then is a hang")
     parser.add_argument("--out", type=Path, default=Path("soak_out"))
-    parser.add_argument("--hang-s", type=float, default=120.0, help="a launch still running after this hangs")
+    parser.add_argument("--summary", action="store_true", help="only print the figures of what OUT holds")
     args = parser.parse_args()
-    results = soak(args.launches, args.out, args.hang_s)
-    hung = [r.index for r in results if r.hung]
-    terminate = [r.index for r in results if r.terminate_message]
-    failed = [r.index for r in results if not r.hung and r.returncode != 0]
-    times = sorted(r.seconds for r in results if not r.hung)
-    median = times[len(times) // 2] if times else float("nan")
-    print(f"{len(results)} launches: {len(hung)} hung {hung}, {len(terminate)} printed '{TERMINATE}' {terminate}, "
-          f"{len(failed)} failed {failed}; median {median:.1f} s, slowest {max(times, default=0):.1f} s")
-    sys.exit(1 if hung or terminate or failed else 0)
+    if not args.summary:
+        soak(args.launches, args.out, args.kind, args.first, args.per_launch, args.timeout_s)
+    text, ok = summary(args.out)
+    print(text)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import pytest
 import torch
 
+import mp_harness
 from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,13 +64,8 @@ def command(world: int, out: Path, plan: list[int]) -> list[str]:
             "--main_process_port", str(demo.free_port()), *args]
 
 
-def finish(proc: subprocess.Popen, log: Path) -> int:
-    try:
-        return proc.wait(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{log} did not end in {LAUNCH_TIMEOUT_S} s:\n" + log.read_text(errors="replace")[-3000:])
-    finally:
-        demo.kill_job(proc)
+def finish(job: mp_harness.Job) -> mp_harness.Launch:
+    return mp_harness.finish(job, timeout_s=LAUNCH_TIMEOUT_S, stall_s=0.75 * mp_harness.COLLECTIVE_TIMEOUT_S)
 
 
 def records(path: Path) -> tuple[list[dict], dict[tuple[str, int], dict], list[str]]:
@@ -111,19 +106,18 @@ def test_a_run_killed_between_micro_steps_ends_bitwise_equal_with_workers_0_and_
     plan = kill_plan(world, SEED)
     print(f"world {world}, seed {SEED}: SIGKILL at micro-steps {plan}")
     reference, run = tmp_path / "reference", tmp_path / "run"
-    ref_proc = demo.start(command(world, reference, []), tmp_path / "reference.log")
+    ref_job = mp_harness.start(command(world, reference, []), tmp_path / "reference.launch")
     try:
         for attempt in range(len(plan)):
-            log = tmp_path / f"attempt{attempt}.log"
-            code = finish(demo.start(command(world, run, plan), log), log)
-            assert code != 0 and (run / f"killed_at_{plan[attempt]}").exists(), (
-                f"attempt {attempt} should have died at micro-step {plan[attempt]} (status {code}):\n"
-                + log.read_text(errors="replace")[-3000:])
-        log = tmp_path / "final.log"
-        assert finish(demo.start(command(world, run, plan), log), log) == 0, log.read_text(errors="replace")[-3000:]
-        assert finish(ref_proc, tmp_path / "reference.log") == 0
+            done = finish(mp_harness.start(command(world, run, plan), tmp_path / f"attempt{attempt}"))
+            assert not done.hung and done.returncode != 0 and (run / f"killed_at_{plan[attempt]}").exists(), (
+                f"attempt {attempt} should have died at micro-step {plan[attempt]}:\n{done.report()}")
+        done = finish(mp_harness.start(command(world, run, plan), tmp_path / "final"))
+        assert done.ok, done.report()
+        done = finish(ref_job)
+        assert done.ok, done.report()
     finally:
-        demo.kill_job(ref_proc)
+        ref_job.kill()
 
     for rank in range(world):
         _, expected, _ = records(reference / f"log_rank{rank}.jsonl")

@@ -22,8 +22,8 @@ from accelerate_stateful.checkpoint import _files
 from accelerate_stateful import __main__ as module_main
 from accelerate_stateful.cli._main import main
 
-from cli_run import REPO, cli_json, run_cli, run_module, run_subprocess, subprocess_env
-from test_multiprocess import _free_port, _run
+from cli_run import REPO, cli_json, run_cli, run_module, run_subprocess
+import mp_harness
 
 sys.path.insert(0, str(Path(__file__).parent))
 import mp_cli  # noqa: E402
@@ -36,13 +36,9 @@ STREAMS = ("stream", "opaque-stream", "round-robin", "logical-shards")
 def run_dir(tmp_path_factory) -> Path:
     """The checkpoints and per-rank batches of one real 2-process launch."""
     out = tmp_path_factory.mktemp("cli_launch")
-    env = subprocess_env()
-    env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HOME=str(out / "hf_home"))
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
-               "--main_process_port", str(_free_port()), "--num_machines", "1", "--mixed_precision", "no",
-               "--dynamo_backend", "no", "--num_cpu_threads_per_process", "1", mp_cli.__file__, str(out)]
-    status, output = _run(command, env)
-    assert status == 0, f"the launch failed ({status}):\n{output[-4000:]}"
+    done = mp_harness.launch(mp_harness.accelerate_command(Path(mp_cli.__file__), [out], WORLD), out / "launch",
+                             timeout_s=300, watch=[out], HF_HOME=str(out / "hf_home"))
+    assert done.ok, done.report()
     return out
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +29,7 @@ from accelerate_stateful.checkpoint.dcp import _HEADER, _MAGIC, LoaderCheckpoint
 
 from harness import assert_same_stream, run_loop, save_points
 from streams import CountingStream
-from scripts import load_script
+import mp_harness
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -283,23 +281,13 @@ def test_something_that_is_not_a_prepared_loader_is_refused_at_construction():
 
 
 # --------------------------------------------------------------------------- two real processes
-def _load_demo():
-    return load_script("examples/demo.py", "examples_demo")
-
-
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_two_ranks_resume_exactly_through_dcp_save_and_load(tmp_path):
-    demo = _load_demo()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(SCENARIOS), str(tmp_path)]
-    log = tmp_path / "torchrun.log"
-    started = time.monotonic()
-    with demo.job(command, log) as proc:
-        code = proc.wait(timeout=150)
-    print(f"torchrun, 2 ranks: {time.monotonic() - started:.1f} s")
-    output = log.read_text(errors="replace")[-4000:]
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    done = mp_harness.launch(mp_harness.torchrun_command(SCENARIOS, [tmp_path]), tmp_path / "launch", timeout_s=150,
+                             collective_timeout_s=60, watch=[tmp_path])
+    print(f"torchrun, 2 ranks: {done.seconds:.1f} s")
+    results = [json.loads(p.read_text()) for p in (tmp_path / f"rank{r}.json" for r in range(2)) if p.exists()]
     failures = [f for r in results for f in r["failures"]]
-    assert code == 0 and not failures, f"{failures}\n{output}"
+    assert done.ok and len(results) == 2 and not failures, "\n".join(failures) + "\n" + done.report()
     assert [r["round_trips"] for r in results] == [6, 6]

@@ -16,9 +16,6 @@ epoch must deliver every sample.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,6 +34,7 @@ from harness import through_files
 
 sys.path.insert(0, str(Path(__file__).parent))
 import mp_elastic  # noqa: E402
+import mp_harness  # noqa: E402
 
 # (world size, workers, stop epoch, stop batch): 2->3, 3->2, 2->1, 1->2, workers alternating 0 and 2; the
 # first stop leaves an odd accelerator.step, inside a window of 2 accumulation steps.
@@ -44,24 +42,11 @@ CHAIN = [(2, 0, 0, 5), (3, 2, 1, 3), (2, 0, 1, 3), (1, 2, 2, 10), (2, 0, -1, -1)
 
 
 def launch(out: Path, index: int, world: int, workers: int, stop_epoch: int, stop_batch: int) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE",
-                                                                     "LOCAL_", "MASTER_"))}
-    env.update(ACCELERATE_USE_CPU="1", HF_HOME=str(out / "hf_home"), PYTHONPATH=str(Path(__file__).parent.parent))
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision",
-                "no", "--dynamo_backend", "no", "--num_processes", str(world), "--main_process_port",
-                str(29610 + index)]
-    if world > 1:
-        launcher.insert(3, "--multi_gpu")
-    script = [str(Path(mp_elastic.__file__)), str(out), str(index), str(workers), str(stop_epoch), str(stop_batch)]
-    proc = subprocess.Popen(launcher + script, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:  # a hang: end the launcher and every rank it started
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"launch {index} (world {world}) hung:\n{output[-3000:]}")
-    assert proc.returncode == 0, f"launch {index} (world {world}) failed:\n{output[-6000:]}"
+    script = [out, index, workers, stop_epoch, stop_batch]
+    done = mp_harness.launch(mp_harness.accelerate_command(Path(mp_elastic.__file__), script, world),
+                             out / f"launch{index}", timeout_s=240, collective_timeout_s=60, watch=[out],
+                             HF_HOME=str(out / "hf_home"), PYTHONPATH=str(Path(__file__).parent.parent))
+    assert done.ok, f"launch {index} (world {world}):\n{done.report()}"
 
 
 LOADERS = {"map": ShardDataLoader, "batch-sampler": BatchSamplerDataLoader, "stream": IterableShardDataLoader,

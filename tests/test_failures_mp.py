@@ -4,14 +4,11 @@ loader of this package works as Accelerate's. One launch runs every scenario of 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
-import soak
+import mp_harness
 from mp_failures import SCENARIOS
 
 SCRIPT = Path(__file__).with_name("mp_failures.py")
@@ -21,21 +18,14 @@ LAUNCH_TIMEOUT_S = 240
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("failures")
-    env = soak.launch_env()
-    env.update(ACCELERATE_STATEFUL_ENTRY_TIMEOUT="3", ACCELERATE_STATEFUL_REPLY_TIMEOUT="3")
-    proc = subprocess.Popen(soak.command(SCRIPT, [str(out)]), cwd=soak.ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the launch did not end within {LAUNCH_TIMEOUT_S} s:\n{output}")
+    done = mp_harness.launch(mp_harness.accelerate_command(SCRIPT, [out]), out / "launch", timeout_s=LAUNCH_TIMEOUT_S,
+                             collective_timeout_s=60, watch=[out], ACCELERATE_STATEFUL_ENTRY_TIMEOUT="3",
+                             ACCELERATE_STATEFUL_REPLY_TIMEOUT="3")
     results = {}
     for rank in range(2):
         path = out / f"rank{rank}.json"
         results[rank] = {r["id"]: r for r in json.loads(path.read_text())} if path.exists() else {}
-    return results, output
+    return results, done.report()
 
 
 @pytest.mark.multiprocess
@@ -45,6 +35,6 @@ def test_a_failure_on_one_rank_raises_the_same_error_on_both_ranks(launched, sce
     results, output = launched
     for rank in range(2):
         found = results[rank].get(scenario)
-        assert found is not None, f"rank {rank} did not run {scenario}:\n{output}"
-        assert found["passed"], f"{scenario} on rank {rank}: {found['detail']}"
+        assert found is not None, f"rank {rank} did not run {scenario} (an earlier scenario raised?):\n{output}"
+        assert found["passed"], f"{scenario} on rank {rank}: {found['detail']}\n{output}"
         print(f"{scenario} on rank {rank}: {found['detail']}")

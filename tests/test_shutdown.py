@@ -19,6 +19,7 @@ from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator, DistContext, ShardDataLoader
+import mp_harness
 from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +126,7 @@ def _load_demo():
 @pytest.mark.timeout(180)
 def test_a_rank_that_raises_mid_epoch_ends_the_whole_job_promptly(tmp_path):
     demo = _load_demo()
-    out, log = tmp_path / "run", tmp_path / "job.log"
+    out = tmp_path / "run"
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -133,7 +134,8 @@ def test_a_rank_that_raises_mid_epoch_ends_the_whole_job_promptly(tmp_path):
         "--num-workers", "1", "--epochs", "2", "--samples", "200", "--batch-size", "4", "--save-every", "4",
         "--raise-at-step", "6", "--raise-on-rank", "1",
     ]
-    proc = demo.start(command, log)
+    job = mp_harness.start(command, tmp_path / "launch")
+    proc, log = job.procs[0], job.folder / "launch0.log"
     seen: dict[int, psutil.Process] = {}
     raised_at = None
     try:
@@ -150,10 +152,10 @@ def test_a_rank_that_raises_mid_epoch_ends_the_whole_job_promptly(tmp_path):
         ended = time.monotonic()
     finally:
         if proc.poll() is None:
-            demo.kill_job(proc)
+            job.kill()
     output = log.read_text(errors="replace")
-    assert code is not None, f"the job was still running 150 s after its start:\n{output[-3000:]}"
-    assert raised_at is not None, f"rank 1 never reached step 6:\n{output[-3000:]}"
+    assert code is not None, f"the job was still running 150 s after its start:\n{output}"
+    assert raised_at is not None, f"rank 1 never reached step 6:\n{output}"
     print(f"the job ended {ended - raised_at:.1f} s after rank 1 raised, with status {code}; "
           f"{len(seen)} processes seen")
     assert code != 0 and "fails at step 6" in output

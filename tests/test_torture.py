@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ import pytest
 
 from accelerate_stateful import latest_checkpoint
 from accelerate_stateful.checkpoint import _files
+import mp_harness
 from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,23 +94,10 @@ def command(out: Path, port: int, limit: int, sleep: float, save_sleep: float) -
     ]
 
 
-def kill_everything(proc: subprocess.Popen) -> list[psutil.Process]:
-    """SIGKILL the launcher, every rank and every worker (each rank has a session of its own); return them."""
-    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    groups = set()
-    for process in tree:
-        try:
-            groups.add(os.getpgid(process.pid))
-        except ProcessLookupError:
-            pass  # already gone
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    psutil.wait_procs(tree, timeout=30)
-    return tree
+def kill_everything(job: mp_harness.Job) -> list[psutil.Process]:
+    """SIGKILL the launcher, every rank and every worker (by id, through the harness); return them."""
+    job.kill()
+    return job.launchers + list(job.seen.values())
 
 
 def survivors(tree: list[psutil.Process]) -> list[str]:
@@ -143,10 +130,11 @@ def disk_state(root: Path, limit: int) -> str:
     return "between saves"
 
 
-def run_and_kill(cmd: list[str], log: Path, out: Path, attempt: int, kill: Kill) -> tuple[dict, list[str]]:
+def run_and_kill(cmd: list[str], folder: Path, out: Path, attempt: int, kill: Kill) -> tuple[dict, list[str]]:
     """Start the job, SIGKILL all of it at ``kill``; returns rank 0's last logged batch and any survivors."""
     stream = out / "stream_rank0.jsonl"
-    proc = demo.start(cmd, log)
+    job = mp_harness.start(cmd, folder)
+    proc = job.procs[0]
     try:
         deadline, size = time.monotonic() + LAUNCH_TIMEOUT_S, -1
         while proc.poll() is None and time.monotonic() < deadline:
@@ -157,14 +145,13 @@ def run_and_kill(cmd: list[str], log: Path, out: Path, attempt: int, kill: Kill)
             if latest is not None and latest["step"] >= kill.step:
                 if kill.mode == "step" or _wait_for_save(proc, out, latest):
                     time.sleep(kill.delay)
-                    tree = kill_everything(proc)
+                    tree = kill_everything(job)
                     return demo.progress(stream, attempt), survivors(tree)
             time.sleep(0.005)
-        pytest.fail(f"attempt {attempt} ended (status {proc.poll()}) before {kill}; see {log}:\n"
-                    + log.read_text(errors="replace")[-3000:])
+        done = mp_harness.finish(job, timeout_s=0)
+        pytest.fail(f"attempt {attempt} ended before {kill}:\n{done.report()}")
     finally:
-        if proc.poll() is None:
-            kill_everything(proc)
+        job.kill()
     raise AssertionError("unreachable")
 
 
@@ -206,13 +193,9 @@ def newest_after_kill(root: Path, last_step: int, guaranteed: int) -> tuple[Opti
     return newest, number
 
 
-def wait_to_end(proc: subprocess.Popen, log: Path) -> None:
-    try:
-        code = proc.wait(timeout=LAUNCH_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            kill_everything(proc)
-    assert code == 0, f"{log} (status {code}):\n" + log.read_text(errors="replace")[-3000:]
+def wait_to_end(job: mp_harness.Job) -> None:
+    done = mp_harness.finish(job, timeout_s=LAUNCH_TIMEOUT_S, stall_s=0.75 * mp_harness.COLLECTIVE_TIMEOUT_S)
+    assert done.ok, done.report()
 
 
 @pytest.mark.multiprocess
@@ -224,8 +207,7 @@ def test_a_run_killed_at_random_instants_ends_with_the_uninterrupted_streams(tmp
     began = time.monotonic()
     reference, run = tmp_path / "reference", tmp_path / "run"
     # The reference runs beside the first attempt: launches are slow here, and their timing does not matter.
-    ref_log = tmp_path / "reference.log"
-    ref_proc = demo.start(command(reference, demo.free_port(), limit, 0.0, 0.0), ref_log)
+    ref_job = mp_harness.start(command(reference, demo.free_port(), limit, 0.0, 0.0), tmp_path / "reference.launch")
     cmd = command(run, demo.free_port(), limit, STEP_SLEEP, SAVE_SLEEP)
     expected: list[Optional[str]] = []
     guaranteed = -1  # the newest checkpoint number known complete
@@ -233,7 +215,7 @@ def test_a_run_killed_at_random_instants_ends_with_the_uninterrupted_streams(tmp
     try:
         for attempt, kill in enumerate(plan):
             started = time.monotonic()
-            last, alive = run_and_kill(cmd, tmp_path / f"attempt{attempt}.log", run, attempt, kill)
+            last, alive = run_and_kill(cmd, tmp_path / f"attempt{attempt}", run, attempt, kill)
             assert not alive, f"kill {attempt} left processes running: {alive}"
             newest, guaranteed = newest_after_kill(run / "checkpoints", last["step"], guaranteed)
             expected.append(None if newest is None else newest.name)
@@ -241,12 +223,11 @@ def test_a_run_killed_at_random_instants_ends_with_the_uninterrupted_streams(tmp
             print(f"kill {attempt} ({time.monotonic() - started:.1f} s after the launch): {kill.mode} kill after step "
                   f"{last['step']} ({where[-1]}); restart loads {None if newest is None else newest.name}")
         started = time.monotonic()
-        wait_to_end(demo.start(cmd, tmp_path / "final.log"), tmp_path / "final.log")
+        wait_to_end(mp_harness.start(cmd, tmp_path / "final"))
         print(f"last start ran to the end in {time.monotonic() - started:.1f} s")
-        wait_to_end(ref_proc, ref_log)
+        wait_to_end(ref_job)
     finally:
-        if ref_proc.poll() is None:
-            kill_everything(ref_proc)
+        ref_job.kill()
 
     verdict = demo.verify(reference, run, expected)
     demo.print_verdict(verdict)

@@ -13,12 +13,11 @@ SIGKILL, by SIGKILL inside a save, by SIGTERM to the launcher and by SIGUSR1 to 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_multiprocess import _free_port, _launch_env, _run
+import mp_harness
 from trainer_scenarios import SETS
 
 SCRIPT = Path(__file__).with_name("trainer_scenarios.py")
@@ -26,11 +25,7 @@ EXIT_PREEMPTED = 143
 
 
 def _command(world: int, out: Path, set_name: str) -> list[str]:
-    topology = ["--cpu", "--num_processes", "1"] if world == 1 else [
-        "--multi_gpu", "--num_processes", str(world), "--main_process_port", str(_free_port())]
-    return [sys.executable, "-m", "accelerate.commands.launch", *topology, "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process", "1",
-            str(SCRIPT), str(out), set_name]
+    return mp_harness.accelerate_command(SCRIPT, [out, set_name], world)
 
 
 def _records(path: Path) -> list[dict]:
@@ -119,17 +114,16 @@ def _check_elastic(cfg: dict, root: Path) -> list[str]:
 def test_trainer_runs_killed_and_resumed_continue_every_rank_exactly(tmp_path):
     root = tmp_path / "runs"
     root.mkdir()
-    env = _launch_env(tmp_path)
     problems = []
     for world, set_name in ((2, "world2"), (1, "world1")):
         interruptions = sum(1 for cfg in SETS[set_name] if "stop" in cfg)
-        for launch in range(interruptions + 1):
-            returncode, output = _run(_command(world, root, set_name), env)
+        for launch in range(interruptions + 1):  # each launch runs the scenarios its predecessors left
+            done = mp_harness.launch(_command(world, root, set_name), tmp_path / f"{set_name}.launch{launch}",
+                                     timeout_s=400, watch=[root], HF_HOME=str(tmp_path / "hf_home"))
             finished = all((root / f"{set_name}.finished.rank{r}").exists() for r in range(world))
-            if finished != (launch == interruptions) or (returncode == 0) != finished:
-                pytest.fail(f"{set_name} launch {launch}: exit {returncode}, finished={finished}; expected the "
-                            f"launch to end {'normally' if launch == interruptions else 'interrupted'}:\n"
-                            f"{output[-6000:]}")
+            if done.hung or finished != (launch == interruptions) or done.ok != finished:
+                pytest.fail(f"{set_name} launch {launch}: finished={finished}; expected the launch to end "
+                            f"{'normally' if launch == interruptions else 'interrupted'}:\n{done.report()}")
         for cfg in SETS[set_name]:
             if cfg["data"] == "elastic":
                 problems += _check_elastic(cfg, root)

@@ -70,4 +70,9 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
+    # Stacks on demand for the harness's watchdog, but not its fail-fast exit: how a rank that raises ends the
+    # job is what test_shutdown.py tests, through the example's own code.
+    import mp_harness_rank
+
+    mp_harness_rank.install_stack_dump()
     main()

@@ -333,4 +333,6 @@ def main(root: Path, set_name: str) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    main(Path(sys.argv[1]), sys.argv[2])
+    import mp_harness_rank
+
+    mp_harness_rank.run(main, Path(sys.argv[1]), sys.argv[2])
