@@ -204,11 +204,11 @@ def place(loaders: Sequence[Any], positions: Sequence[Optional[StockPosition]]) 
         else:
             loader.seek(position.batches)
             said.append(f"loader {index}: epoch {epoch} at batch {position.batches} of {len(loader)} "
-                        f"(stock {loader_file(index)}){_order_note(loader)}")
+                        f"(stock {loader_file(index)}){order_note(loader)}")
     return said
 
 
-def _order_note(loader: Any) -> str:
+def order_note(loader: Any) -> str:
     if loader._config().get("order") == "sequential":
         return ""
     return ("; the rest of the epoch follows this package's order, drawn from the loader's seed: the stock run "
