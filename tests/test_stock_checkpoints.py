@@ -187,3 +187,85 @@ def test_resume_before_prepare_says_to_call_it_after(tmp_path):
                                                                   automatic_checkpoint_naming=True))
     with pytest.raises(LifecycleError, match=r"before accelerator.prepare\(\).*call it after"):
         accelerator.resume()
+
+
+# --------------------------------------------------------------------------- stock Trainer checkpoints
+def _trainer(cls, out: Path, seen: list, stop_at=None, **settings):
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    class Stop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == stop_at
+
+    _reset()
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=1,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    settings = {"max_steps": 10, "save_steps": 3, **settings}
+    args = TrainingArguments(str(out), report_to=[], use_cpu=True, per_device_train_batch_size=2, lr_scheduler_type="constant", logging_steps=100, seed=0, **settings)
+    data = [{"input_ids": [i, i + 1, i + 2], "labels": [i, i + 1, i + 2]} for i in range(8)]  # 4 batches an epoch
+    trainer = cls(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
+                  callbacks=[Stop()] if stop_at else [])
+    trainer.seen = seen
+    return trainer
+
+
+def _recording(base):
+    from torch.utils.data import SequentialSampler
+
+    class Recording(base):
+        def _get_train_sampler(self, *args, **kwargs):
+            return SequentialSampler(self.train_dataset)
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            self.seen.append(inputs["input_ids"].tolist())
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return Recording
+
+
+def _weights(trainer):
+    return torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+
+
+def test_a_stock_trainer_checkpoint_is_resumed_as_stock_trainer_does_then_statefully(tmp_path, caplog):
+    from transformers import Trainer
+
+    from accelerate_stateful.transformers import stateful
+
+    reference = []
+    uninterrupted = _trainer(_recording(Trainer), tmp_path / "reference", reference, save_strategy="no")
+    uninterrupted.train()
+    out = tmp_path / "run"
+    _trainer(_recording(Trainer), out, [], stop_at=7, save_total_limit=2).train()  # stock: checkpoint-3, -6
+    stock = _fingerprint(out)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3", "checkpoint-6"]
+
+    seen = []
+    resumed = _trainer(stateful(_recording(Trainer)), out, seen, save_total_limit=1)
+    with caplog.at_level(logging.WARNING):
+        resumed.train(resume_from_checkpoint=True)
+    line = next(r.getMessage() for r in caplog.records if "stock transformers.Trainer" in r.getMessage())
+    assert "checkpoint-6" in line and "global_step 6" in line and "epoch 1, 2 batches" in line
+    assert resumed.state.global_step == 10
+    assert seen == reference[6:]  # steps 7 to 10, as the uninterrupted stock run trained them
+    assert torch.equal(_weights(resumed), _weights(uninterrupted))
+    # save_total_limit=1 rotated our checkpoint-9 away after checkpoint-10, and kept the stock ones
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-10", "checkpoint-3", "checkpoint-6"]
+    assert _files.is_complete(out / "checkpoint-10")
+    assert {k: v for k, v in _fingerprint(out).items() if k in stock} == stock
+
+
+def test_an_explicit_stock_trainer_checkpoint_is_named_for_what_it_is(tmp_path, caplog):
+    from transformers import Trainer
+
+    from accelerate_stateful.transformers import stateful
+
+    out = tmp_path / "run"
+    _trainer(_recording(Trainer), out, [], stop_at=4).train()
+    resumed = _trainer(stateful(_recording(Trainer)), out, [], max_steps=5)
+    with caplog.at_level(logging.WARNING):
+        resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    line = next(r.getMessage() for r in caplog.records if "stock transformers.Trainer" in r.getMessage())
+    assert "global_step 3" in line and "epoch 0, 3 batches" in line and "left as it is" in line
+    assert resumed.state.global_step == 5
