@@ -209,7 +209,8 @@ class StatefulTrainerMixin:
             latest = latest_trainer_checkpoint(self.args.output_dir) if ctx.is_main else None
             stock = _trainer_stock.newest_stock(self.args.output_dir) if ctx.is_main else None
             latest = stock if _trainer_stock.newer(stock, latest) else latest
-            agreed, self._resume_stock = ctx.broadcast((None if latest is None else str(latest), latest == stock))
+            is_stock = stock is not None and latest == stock
+            agreed, self._resume_stock = ctx.broadcast((None if latest is None else str(latest), is_stock))
             if agreed is None:
                 logger.info("no complete checkpoint under %s: starting a fresh run", self.args.output_dir)
             return None if agreed is None else Path(agreed)
