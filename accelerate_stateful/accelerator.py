@@ -17,6 +17,7 @@ from .checkpoint import _files
 from .checkpoint import _in_step
 from .training import _preemption
 from .checkpoint import _resume
+from .checkpoint import _stock
 from .training import _rng
 from .training import _training
 from .training._agreement import agree_after_elastic_load
@@ -24,7 +25,7 @@ from .loaders import _untracked
 from .loaders._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .loaders.batchsampler import BatchSamplerDataLoader, uses_batch_sampler
-from .errors import UnsupportedConfigError
+from .errors import CheckpointError, LifecycleError, UnsupportedConfigError
 from .loaders.dispatch import DispatchDataLoader
 from .loaders.iterable import IterableShardDataLoader
 from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
@@ -186,7 +187,18 @@ class Accelerator(accelerate.Accelerator):
         _checkpoints.enter(ctx, "load_state")
         self._ready_to_load(ctx, "accelerator.load_state()")
         root = self._checkpoint_root() if self.project_configuration.automatic_checkpoint_naming else None
-        self._load_verified(*_resume.locate(ctx, input_dir, root), load_kwargs, **kwargs)
+        if _stock.agreed_is_stock(ctx, input_dir):
+            found = (Path(input_dir), None)
+        elif _checkpoints.same_everywhere(ctx, input_dir is None and root is not None, "load_state()'s input_dir"):
+            found = _stock.newest_to_resume(ctx, root)
+            if found is None:
+                raise CheckpointError(f"no complete checkpoint under {root}")
+        else:
+            found = _resume.locate(ctx, input_dir, root)
+        if found[1] is None:
+            self._load_stock(ctx, found[0], load_kwargs, **kwargs)
+        else:
+            self._load_verified(*found, load_kwargs, **kwargs)
 
     def resume(self, checkpoint_root: Optional[PathLike] = None) -> Optional[Path]:
         """Load the newest checkpoint complete on every process; returns its path, or ``None`` when there is none.
@@ -195,8 +207,10 @@ class Accelerator(accelerate.Accelerator):
             checkpoint_root: The folder holding ``checkpoint_<N>`` folders; defaults to
                 ``<project_dir>/checkpoints`` with ``automatic_checkpoint_naming``.
 
-        Call it on every process. The next ``save_state`` continues the numbering after the newest
-        checkpoint present.
+        Call it on every process, after ``prepare``. The next ``save_state`` continues the numbering after
+        the newest checkpoint present. A newer checkpoint of stock ``accelerate.Accelerator`` (a project that
+        switched over) is resumed as Accelerate would, its loader positions translated, and left as it is
+        (``docs/switching.md``).
         """
         if not self.use_stateful_dataloader:
             raise UnsupportedConfigError(
@@ -205,6 +219,7 @@ class Accelerator(accelerate.Accelerator):
             )
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "resume")
+        _checkpoints.agree(ctx, self._refuse_before_prepare)
 
         def root() -> Path:
             if checkpoint_root is None and not self.project_configuration.automatic_checkpoint_naming:
@@ -215,12 +230,15 @@ class Accelerator(accelerate.Accelerator):
             return Path(checkpoint_root) if checkpoint_root is not None else self._checkpoint_root()
 
         self._ready_to_load(ctx, "accelerator.resume()")
-        found = _resume.agreed_latest(ctx, _checkpoints.agree(ctx, root))
+        found = _stock.newest_to_resume(ctx, _checkpoints.agree(ctx, root))
         if found is None:
             for loader in self.stateful_loaders:
                 loader._anchor()
             return None
-        self._load_verified(*found)
+        if found[1] is None:
+            self._load_stock(ctx, found[0])
+        else:
+            self._load_verified(*found)
         return found[0]
 
     def end_training(self) -> None:
@@ -244,6 +262,33 @@ class Accelerator(accelerate.Accelerator):
         """Every rank's loaders at the same point and none iterating, or a refusal on every rank."""
         _in_step.settle(ctx, self.stateful_loaders, call)
         _in_step.refuse_live(ctx, self.stateful_loaders, call)
+
+    def _refuse_before_prepare(self) -> None:
+        if not (self._models or self._optimizers or self._schedulers or self._dataloaders):
+            raise LifecycleError(
+                "accelerator.resume() was called before accelerator.prepare(): nothing is prepared to restore "
+                "into; call it after `model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)`"
+            )
+
+    def _load_stock(self, ctx: DistContext, folder: Path, load_kwargs: Optional[dict] = None, **kwargs: Any) -> Path:
+        """Load a checkpoint of stock Accelerate through Accelerate's own ``load_state``, then place the loaders
+        where its loader states say (``checkpoint/_stock.py``); the folder is left as it is."""
+        loaders = self.stateful_loaders
+        positions = _stock.check(ctx, folder, loaders)
+
+        def accelerate_load() -> None:
+            with self._accelerate_view():
+                super(Accelerator, self).load_state(str(folder), load_kwargs, **kwargs)
+
+        _checkpoints.agree(ctx, accelerate_load)
+        said = _checkpoints.agree(ctx, lambda: _stock.place(loaders, positions))
+        number = _files.checkpoint_number(folder)
+        config = self.project_configuration
+        if number is not None and config.automatic_checkpoint_naming:
+            config.iteration = max(config.iteration, number + 1)
+        if self.is_main_process:
+            logger.warning(_stock.resume_line(folder, self.step, said, config.iteration))
+        return folder
 
     def _unwrapped_models(self) -> list:
         return [self.unwrap_model(model) for model in self._models]

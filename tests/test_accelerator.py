@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator, DispatchDataLoader, IterableShardDataLoader, CheckpointError, ShardDataLoader, SkipDataLoader, StateMismatchError, UnsupportedConfigError
 from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _ownership
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -126,10 +127,20 @@ def test_a_leftover_of_a_killed_save_with_the_same_number_is_replaced(tmp_path):
     accelerator = make_accelerator(tmp_path)
     prepared(accelerator)
     leftover = tmp_path / "checkpoints" / "checkpoint_0"
-    leftover.mkdir(parents=True)
+    _ownership.write_marker(leftover)  # what a save writes first: the folder is ours
     (leftover / "model.safetensors").write_bytes(b"half")
     assert accelerator.save_state() == leftover
     assert _files.is_complete(leftover)
+
+
+def test_a_folder_without_our_marker_is_foreign_kept_and_numbered_after(tmp_path):
+    accelerator = make_accelerator(tmp_path)
+    prepared(accelerator)
+    foreign = tmp_path / "checkpoints" / "checkpoint_0"
+    foreign.mkdir(parents=True)
+    (foreign / "model.safetensors").write_bytes(b"half")
+    assert accelerator.save_state() == tmp_path / "checkpoints" / "checkpoint_1"
+    assert sorted(p.name for p in foreign.rglob("*")) == ["model.safetensors"]
 
 
 def test_load_state_refuses_an_incomplete_checkpoint(tmp_path):

@@ -16,6 +16,7 @@ import accelerate_stateful
 import accelerate_stateful.integrations.transformers as integration
 from accelerate_stateful import PREEMPTED_EXIT_CODE, Accelerator, UnsupportedConfigError
 from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _ownership
 from accelerate_stateful.training._preemption import PreemptionRequest
 from accelerate_stateful.integrations.transformers import StatefulTrainer, check_transformers, latest_trainer_checkpoint, stateful
 
@@ -39,7 +40,7 @@ def test_a_transformers_without_what_it_relies_on_is_refused_naming_the_supporte
 
 def _checkpoint(root, step, complete):
     folder = root / f"checkpoint-{step}"
-    folder.mkdir(parents=True)
+    _ownership.write_marker(folder)  # what a save of this package writes first
     (folder / "trainer_state.json").write_text("{}")
     if complete:
         _files.write_manifest(folder, world_size=1, num_loaders=0)

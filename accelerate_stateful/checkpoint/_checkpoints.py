@@ -15,8 +15,10 @@ The rules, each held here by construction:
   shares, and the lowest rank of each folder the main process cannot see (node-local disks, a
   folder per process). The manifest lists the ranks whose states that folder holds.
 - **Numbering continues after the newest checkpoint present**, however the run started (``resume()``,
-  ``load_state()``, or neither), agreed over every rank's folders; rotation never removes the
-  checkpoint just written.
+  ``load_state()``, or neither), agreed over every rank's folders, foreign ones included (``_ownership``);
+  rotation never removes the checkpoint just written.
+- **Only this package's folders are touched.** A save marks its folder before anything else; a leftover
+  is removed, and rotation removes, only folders that carry that marker or a manifest.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, Callable, Optional, TypeVar
 import torch.distributed as dist
 
 from . import _files
+from . import _ownership
 from .._context import DistContext, package_timeout
 from ..errors import CheckpointError, UnsupportedConfigError
 
@@ -186,18 +189,22 @@ def same_everywhere(ctx: DistContext, value: Any, what: str) -> Any:
 
 
 def destination(ctx: DistContext, root: Optional[Path], output_dir: Any, iteration: int) -> tuple[Path, Optional[int]]:
-    """Where ``save_state`` writes: the next ``checkpoint_<N>`` under ``root`` (automatic naming; ``N`` is
-    returned too), else ``output_dir``; a leftover of an unfinished save of that number is removed."""
+    """Where ``save_state`` writes, marked as this package's: the next ``checkpoint_<N>`` under ``root``
+    (automatic naming; ``N`` is returned too), else ``output_dir``; a leftover of an unfinished save of that
+    number is removed. A foreign ``output_dir`` is refused on every rank, before anything is written."""
     def check() -> bool:
         if root is None and output_dir is None:
             raise ValueError("save_state() needs an output_dir when automatic_checkpoint_naming is off")
         return root is not None
 
     if not same_everywhere(ctx, agree(ctx, check), "ProjectConfiguration(automatic_checkpoint_naming=...)"):
+        agree(ctx, lambda: _ownership.refuse_foreign(Path(output_dir), "save into"))
+        mark(ctx, Path(output_dir))
         return Path(output_dir), None
     number = next_number(ctx, root, iteration)
     folder = root / f"checkpoint_{number}"
     clear_unfinished(ctx, folder)
+    mark(ctx, folder)
     return folder, number
 
 
@@ -208,15 +215,18 @@ def newest_sealed(root: Path) -> int:
 
 
 def next_number(ctx: DistContext, root: Path, iteration: int) -> int:
-    """The number of the next automatic checkpoint: after the newest one any rank has, and not below
-    ``iteration`` (``ProjectConfiguration.iteration``, which a user may set)."""
-    newest = agree(ctx, lambda: newest_sealed(root))
+    """The number of the next automatic checkpoint: after the newest complete or foreign one any rank has
+    (a folder of stock Accelerate, say), and not below ``iteration`` (``ProjectConfiguration.iteration``,
+    which a user may set). Only a leftover of this package's own unfinished save may have that number."""
+    newest = agree(ctx, lambda: max(newest_sealed(root), _ownership.newest_foreign(root)))
     return max([iteration] + [n + 1 for n in ctx.all_gather(newest)])
 
 
 def clear_unfinished(ctx: DistContext, folder: Path) -> None:
-    """Remove a leftover of a save killed before its manifest, in every folder that has one; never a sealed one."""
+    """Remove a leftover of a save killed before its manifest, in every folder that has one; never a sealed
+    one, never a foreign one (``next_number`` chose a number past every foreign folder on every rank)."""
     def check() -> bool:
+        _ownership.refuse_foreign(folder, "remove")
         if _files.has_manifest(folder):
             raise CheckpointError(
                 f"{folder} already holds a checkpoint; call resume() first so numbering continues after it, "
@@ -235,6 +245,16 @@ def clear_unfinished(ctx: DistContext, folder: Path) -> None:
     mine = seen[ctx.rank]
     first = next(r for r, s in enumerate(seen) if s == mine)
     agree(ctx, lambda: _remove(folder) if mine[0] and first == ctx.rank else None)
+
+
+def mark(ctx: DistContext, folder: Path) -> None:
+    """Write this package's marker into ``folder`` before anything else, in every folder the ranks save into:
+    the main process's, then, for a folder it cannot see, the lowest rank that sees it."""
+    agree(ctx, lambda: _ownership.write_marker(folder) if ctx.is_main else None)
+    seen = ctx.all_gather((_ownership.marker(folder).is_file(), socket.gethostname(), os.path.realpath(folder)))
+    mine = seen[ctx.rank]
+    first = next(r for r, s in enumerate(seen) if s == mine)
+    agree(ctx, lambda: _ownership.write_marker(folder) if not mine[0] and first == ctx.rank else None)
 
 
 def _remove(folder: Path) -> None:
@@ -279,8 +299,9 @@ def seal(ctx: DistContext, folder: Path, *, num_loaders: int, entries: dict[str,
 
 def rotate(root: Path, keep: int, just_written: Path) -> None:
     """Keep ``just_written`` and the newest complete checkpoints up to ``keep`` in all; remove older ones,
-    and unfinished leftovers older than the oldest kept."""
-    numbered = _files.numbered_checkpoints(root)
+    and unfinished leftovers older than the oldest kept. Only this package's folders count, and only they
+    are removed: a foreign one (stock Accelerate's, say) stays, whatever its number."""
+    numbered = [p for p in _files.numbered_checkpoints(root) if _ownership.is_ours(p)]
     kept = [just_written]
     for path in numbered:
         if len(kept) >= max(keep, 1):

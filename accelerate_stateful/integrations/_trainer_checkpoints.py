@@ -14,6 +14,7 @@ from typing import Optional, Union
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoint import _files
+from ..checkpoint import _ownership
 
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -39,7 +40,8 @@ def latest_trainer_checkpoint(output_dir: Union[str, Path]) -> Optional[Path]:
 
 
 def rotate(run_dir: Path, keep: Optional[int], best: Optional[str]) -> None:
-    """Keep the ``keep`` newest complete checkpoints (and the best one); drop older ones and older leftovers."""
+    """Keep the ``keep`` newest complete checkpoints (and the best one); drop older ones and older leftovers,
+    all of them this package's: a folder it did not write (a stock Trainer checkpoint) is never removed."""
     if keep is None or keep <= 0:
         return
     complete = complete_trainer_checkpoints(run_dir)
@@ -49,5 +51,5 @@ def rotate(run_dir: Path, keep: Optional[int], best: Optional[str]) -> None:
     oldest_kept = min(checkpoint_step(p) for p in complete[:keep])
     for path in run_dir.iterdir():
         step = checkpoint_step(path)
-        if path.is_dir() and step is not None and step < oldest_kept and path not in kept:
+        if path.is_dir() and step is not None and step < oldest_kept and path not in kept and _ownership.is_ours(path):
             shutil.rmtree(path)

@@ -37,6 +37,8 @@ from ..checkpoint import _resume
 from ..loaders._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ._trainer_checkpoints import checkpoint_step, latest_trainer_checkpoint, rotate
+from . import _trainer_stock
+from ..checkpoint import _ownership
 from ._trainer_compat import SUPPORTED_TRANSFORMERS, check_transformers, hf_trainer, swapped
 from ..accelerator import Accelerator
 from ..errors import StatefulLoaderError, UnsupportedConfigError
@@ -94,6 +96,7 @@ class StatefulTrainerMixin:
         self._resume_dir: Optional[Path] = None
         self._train_loader: Optional[DataLoaderAdapter] = None
         self._resumed: Optional[_Resumed] = None
+        self._resume_stock = False  # the checkpoint to resume is stock Trainer's (``_trainer_stock``)
         self._preemption = _preemption.PreemptionRequest(preemption_signals) if preemption_signals else None
         super().__init__(*args, **kwargs)
         if getattr(self.args, "enable_jit_checkpoint", False):
@@ -113,12 +116,12 @@ class StatefulTrainerMixin:
 
     def train(self, resume_from_checkpoint: Union[str, bool, None] = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; ``resume_from_checkpoint=True`` takes the newest complete checkpoint, or starts fresh."""
-        if resume_from_checkpoint and self.args.ignore_data_skip:
+        self._resume_dir = self._checkpoint_to_resume(resume_from_checkpoint)
+        if resume_from_checkpoint and self.args.ignore_data_skip and not self._resume_stock:
             raise UnsupportedConfigError(
                 "ignore_data_skip=True asks to start the resumed epoch from its first batch, but this Trainer "
                 "resumes the data position exactly; drop ignore_data_skip, or resume with transformers.Trainer"
             )
-        self._resume_dir = self._checkpoint_to_resume(resume_from_checkpoint)
         if self._preemption is not None:
             self._preemption.install()
         try:
@@ -128,6 +131,7 @@ class StatefulTrainerMixin:
             if self._preemption is not None:
                 self._preemption.uninstall()
             self._resume_dir = self._resumed = None
+            self._resume_stock = False
 
     def get_train_dataloader(self) -> Any:
         loader = super().get_train_dataloader()
@@ -145,7 +149,7 @@ class StatefulTrainerMixin:
     def set_initial_training_values(self, args: Any, dataloader: Any) -> tuple:
         """The Trainer's counts for this run; on resume, the loader's position is restored here first."""
         values = super().set_initial_training_values(args, dataloader)
-        if self._resume_dir is None or dataloader is not self._train_loader:
+        if self._resume_dir is None or self._resume_stock or dataloader is not self._train_loader:
             return values
         self._restore_loader(self._resume_dir)
         if self._resumed.saved_world == self.accelerator.num_processes or self._resumed.batches is None:
@@ -155,6 +159,12 @@ class StatefulTrainerMixin:
     # ----------------------------------------------------------------- private override points
     def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         counters = super()._init_training_state(*args, **kwargs)
+        if self._resume_stock:  # stock Trainer's counters and data skip; the skip moves the position
+            self._train_loader.set_epoch(counters[0])
+            self._train_loader.seek(counters[1])
+            self._resumed = _Resumed(*counters, None, self.accelerator.num_processes)
+            if self.accelerator.is_main_process:
+                logger.warning(_trainer_stock.resume_line(self._resume_dir, *counters, self._train_loader))
         if self._resumed is None:
             return counters
         # The loader owns the position: the Trainer continues from its epoch and batch, skipping nothing.
@@ -197,12 +207,17 @@ class StatefulTrainerMixin:
         if resume_from_checkpoint is True:
             ctx = DistContext.detect()
             latest = latest_trainer_checkpoint(self.args.output_dir) if ctx.is_main else None
-            agreed = ctx.broadcast(None if latest is None else str(latest))
+            stock = _trainer_stock.newest_stock(self.args.output_dir) if ctx.is_main else None
+            latest = stock if _trainer_stock.newer(stock, latest) else latest
+            is_stock = stock is not None and latest == stock
+            agreed, self._resume_stock = ctx.broadcast((None if latest is None else str(latest), is_stock))
             if agreed is None:
                 logger.info("no complete checkpoint under %s: starting a fresh run", self.args.output_dir)
             return None if agreed is None else Path(agreed)
         path = Path(resume_from_checkpoint)
-        _files.read_manifest(path)  # raises CheckpointError, naming the problem, for an incomplete one
+        self._resume_stock = _trainer_stock.stock_step(path) is not None
+        if not self._resume_stock:
+            _files.read_manifest(path)  # raises CheckpointError, naming the problem, for an incomplete one
         return path
 
     def _restore_loader(self, checkpoint: Path) -> None:
@@ -252,12 +267,16 @@ class StatefulTrainerMixin:
         return dataloader
 
     def _clear_leftover(self, folder: Path) -> None:
-        """Remove what a killed save left at ``folder`` (or a checkpoint this run is about to supersede)."""
+        """Remove what a killed save left at ``folder`` (or a checkpoint this run is about to supersede), then
+        mark it as this package's; a folder this package did not write is refused, never removed."""
+        ctx = DistContext.detect()
+        _checkpoints.agree(ctx, lambda: _ownership.refuse_foreign(folder, "save into"))
         if self.accelerator.is_main_process and folder.exists():
             state = "complete" if _files.is_complete(folder) else "unfinished"
             logger.warning("removing the %s checkpoint %s before saving this step there", state, folder)
             shutil.rmtree(folder)
         self.accelerator.wait_for_everyone()
+        _checkpoints.mark(ctx, folder)
 
 
 def _no_rotation(*args: Any, **kwargs: Any) -> None:
