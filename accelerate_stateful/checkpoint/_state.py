@@ -27,6 +27,15 @@ CONFIG = "config"
 SEED = "seed"
 SEED_SOURCE = "seed_source"
 BASE = "base"
+STREAM = "stream"  # a stream loader's own position (``loaders.iterable``)
+SOURCE = "source"  # a round-robin loader's source position (``sources.roundrobin``)
+
+# The loader kinds, by the ``mode`` their state records (each class's ``mode``).
+SHARD_MODE = "shard"
+DISPATCH_MODE = "dispatch"
+STREAM_MODE = "iterable-shard"
+ROUND_ROBIN_MODE = "round-robin"
+BATCH_SAMPLER_MODE = "batch-sampler"
 
 
 class Topology(TypedDict):

@@ -41,7 +41,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         >>> dl = accelerator.prepare(DataLoader(stream, batch_size=8))     # doctest: +SKIP
     """
 
-    mode = "dispatch"
+    mode = S.DISPATCH_MODE
 
     def __init__(
         self,

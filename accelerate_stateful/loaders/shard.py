@@ -16,6 +16,7 @@ from ..position._order import EpochOrder, choose_seed, mix_seed, order_for
 from ._ordered import require_in_order
 from ..training._rng import PipelineRNG
 from ..position._plan import ShardPlan
+from ..position._saved import check_shard_position, shard_plan
 from ..errors import UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class ShardDataLoader(DataLoaderAdapter):
         3
     """
 
-    mode = "shard"
+    mode = S.SHARD_MODE
 
     def __init__(
         self,
@@ -195,22 +196,19 @@ class ShardDataLoader(DataLoaderAdapter):
         return self._plan.num_batches
 
     # ----------------------------------------------------------------- position hooks
-    def _plan_from(self, origin: int, world: Optional[int] = None, rank: Optional[int] = None) -> ShardPlan:
-        """This epoch's plan from ``origin``, for this rank (or for another topology, to check a saved state)."""
-        world = self.ctx.world_size if world is None else world
-        rank = self.ctx.rank if rank is None else rank
-        per_rank = self._loader_batch_size // world if self._split_batches else self._loader_batch_size
-        return ShardPlan(
-            num_samples=self._order.num_samples,
-            batch_size=per_rank,
-            world_size=world,
-            rank=rank,
-            drop_last=self._drop_last,
-            # Accelerate does not shard on one process (it keeps the user's batch sampler), so it never
-            # pads the last batch there.
-            even_batches=self._even_batches and world > 1,
-            origin=origin,
-        )
+    def _plan_from(self, origin: int) -> ShardPlan:
+        """This epoch's plan from ``origin``, for this rank."""
+        return shard_plan(self._settings(), self.ctx.world_size, self.ctx.rank, origin)
+
+    def _settings(self) -> dict:
+        """The settings a plan is made of (those of :meth:`_config` the position depends on)."""
+        return {
+            "batch_size": self._loader_batch_size,
+            "num_samples": self._order.num_samples,
+            "drop_last": self._drop_last,
+            "even_batches": self._even_batches,
+            "split_batches": self._split_batches,
+        }
 
     def _epoch_indices(self) -> torch.Tensor:
         key = (self._seed, self._epoch)
@@ -284,41 +282,7 @@ class ShardDataLoader(DataLoaderAdapter):
         return -1 if self._drop_last else (plan.num_samples - plan.origin) % plan.total_batch_size
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
-        saved = state_dict[S.TOPOLOGY]
-        where = f" in {source}" if source else ""
-        world, rank = saved.get("world_size"), saved.get("rank")
-        if not (isinstance(world, int) and isinstance(rank, int) and 0 <= rank < world):
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another "
-                "checkpoint"
-            )
-        if world == self.ctx.world_size and rank != self.ctx.rank:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the state belongs to rank {rank}, this is rank {self.ctx.rank}; "
-                "load each rank's own state"
-            )
-        if self._split_batches and self._loader_batch_size % world != 0:
-            raise UnsupportedConfigError(f"cannot resume{where}: batch_size is not divisible by {world} processes")
-        consumed, origin = state_dict.get(S.SAMPLES_CONSUMED), state_dict.get(S.STRIPE_ORIGIN, 0)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (consumed, origin)):
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: '{S.SAMPLES_CONSUMED}'={consumed!r} and '{S.STRIPE_ORIGIN}'={origin!r} must "
-                "be integers, none negative; the state is damaged or was edited by hand, resume from another "
-                "checkpoint"
-            )
-        try:
-            steps = self._plan_from(origin, world, rank).steps_for(consumed)
-        except ValueError as exc:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: inconsistent position ({exc}); the state is damaged or was edited "
-                "by hand, resume from another checkpoint"
-            ) from None
-        if steps != state_dict[S.BATCHES_YIELDED]:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: inconsistent position: samples_consumed={consumed} means {steps} batches "
-                f"on rank {rank}, but batches_yielded={state_dict[S.BATCHES_YIELDED]}; the state is damaged or "
-                "was edited by hand, resume from another checkpoint"
-            )
+        check_shard_position(self._settings(), state_dict, self.ctx.world_size, self.ctx.rank, source)
 
     def _restore(self, state_dict: Mapping[str, Any]) -> None:
         consumed = state_dict[S.SAMPLES_CONSUMED]
