@@ -29,6 +29,7 @@ SEED_SOURCE = "seed_source"
 BASE = "base"
 STREAM = "stream"  # a stream loader's own position (``loaders.iterable``)
 SOURCE = "source"  # a round-robin loader's source position (``sources.roundrobin``)
+STEP_ORIGIN = "step_origin"  # a dispatcher's (reader batches, steps) where its epoch's steps of its size began
 
 # The loader kinds, by the ``mode`` their state records (each class's ``mode``).
 SHARD_MODE = "shard"
