@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Each public name, and the module that defines it.
+# Each public name (``__all__``, below), and the module that defines it.
 _SOURCES = {
     "Accelerator": ".accelerator",
     "BatchSamplerDataLoader": ".loaders.batchsampler",
@@ -46,7 +46,38 @@ _SOURCES = {
     "sample_rng": ".training._rng",
 }
 
-__all__ = sorted(_SOURCES)
+__all__ = [
+    "Accelerator",
+    "BatchSamplerDataLoader",
+    "CheckpointError",
+    "DataLoaderAdapter",
+    "DispatchDataLoader",
+    "DistContext",
+    "FORMAT_VERSION",
+    "HFShards",
+    "IterableShardDataLoader",
+    "LifecycleError",
+    "LoaderCheckpoint",
+    "LoaderState",
+    "LogicalShardStream",
+    "Mismatch",
+    "PREEMPTED_EXIT_CODE",
+    "Phase",
+    "RoundRobinDataset",
+    "RoundRobinLoader",
+    "SampleRNG",
+    "ShardDataLoader",
+    "ShardPlan",
+    "ShardedSource",
+    "SkipDataLoader",
+    "StateMismatchError",
+    "StateSerializationError",
+    "StatefulLoaderError",
+    "TextLines",
+    "UnsupportedConfigError",
+    "latest_checkpoint",
+    "sample_rng",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -84,6 +115,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .loaders.iterable import IterableShardDataLoader
     from .loaders.shard import ShardDataLoader
     from .loaders.skip import SkipDataLoader
+    from .position._plan import ShardPlan
     from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
     from .sources.sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
     from .training._preemption import PREEMPTED_EXIT_CODE
