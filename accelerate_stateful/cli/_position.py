@@ -85,15 +85,20 @@ def _check_settings(config: Mapping[str, Any], world: int) -> None:
         )
 
 
-def _check_shard(state: Mapping[str, Any], world: int, rank: int, source: str = "") -> None:
-    """What ``ShardDataLoader.validate_state`` refuses in a state of its own settings."""
-    S.check_shape(state, source)
-    if state[S.MODE] != S.SHARD_MODE:
-        _refusals.raise_mismatches([Mismatch(S.MODE, state[S.MODE], S.SHARD_MODE)], source)
-    check_shard_position(state[S.CONFIG], state, world, rank, source)
-    mark = check_entry(state, f" in {source}" if source else "")
+def _check_shard(state: Any, config: Mapping[str, Any], seed: tuple, world: int, rank: int) -> None:
+    """What ``ShardDataLoader.validate_state`` refuses, the loader built with ``config`` and ``(seed, source)``."""
+    S.check_shape(state)
+    mismatches = [Mismatch(S.MODE, state[S.MODE], S.SHARD_MODE)] if state[S.MODE] != S.SHARD_MODE else []
+    seed_mismatch, _, _ = S.resolve_seed(state, *seed)
+    _refusals.raise_mismatches(mismatches + S.config_mismatches(state[S.CONFIG], config) + _listed(seed_mismatch))
+    check_shard_position(config, state, world, rank, "")
+    mark = check_entry(state, "")
     if mark is not None:
-        _check_shard(mark, world, rank, source)
+        _check_shard(mark, config, seed, world, rank)
+
+
+def _listed(mismatch: Any) -> list:
+    return [] if mismatch is None else [mismatch]
 
 
 def _shard(state: Mapping[str, Any], world: int, rank: int) -> tuple[ShardPlan, bool]:
@@ -101,7 +106,7 @@ def _shard(state: Mapping[str, Any], world: int, rank: int) -> tuple[ShardPlan, 
     pass, or an earlier release's record of an epoch's last step)."""
     config = state[S.CONFIG]
     _check_settings(config, world)
-    _check_shard(state, world, rank)
+    _check_shard(state, config, (state[S.SEED], state[S.SEED_SOURCE]), world, rank)
     plan = shard_plan(config, world, rank, state.get(S.STRIPE_ORIGIN, 0))
     entry = state.get(PASS)
     if entry is None:
@@ -126,7 +131,7 @@ def _dispatcher(state: Mapping[str, Any], world: int, rank: int) -> tuple[int, i
             f"split_batches=True needs a batch_size divisible by the number of processes: "
             f"batch_size={base[S.CONFIG]['batch_size']}, processes={world}; change one of them"
         )
-    _check_dispatcher(state, base, world, rank)
+    _check_dispatcher(state, config, base, world, rank)
     group = 1 if split else world
     read, steps_before = _step_origin(state)
     steps = state[S.BATCHES_YIELDED]
@@ -138,16 +143,17 @@ def _dispatcher(state: Mapping[str, Any], world: int, rank: int) -> tuple[int, i
     return length, steps
 
 
-def _check_dispatcher(state: Mapping[str, Any], base: Mapping[str, Any], world: int, rank: int) -> None:
-    """What ``DispatchDataLoader.validate_state`` refuses in a state read with the main process's reader."""
+def _check_dispatcher(state: Any, config: Mapping[str, Any], base: Mapping[str, Any], world: int,
+                      rank: int) -> None:
+    """What ``DispatchDataLoader.validate_state`` refuses, the dispatcher built with the settings ``config`` over
+    a reader built from the main process's reader state ``base``."""
     S.check_shape(state)
-    reader_config = base[S.CONFIG]
-    own = {**reader_config, "split_batches": state[S.CONFIG].get("split_batches", False),
-           "drop_last": state[S.CONFIG].get("drop_last", False)}
+    reader_config, seed = base[S.CONFIG], (base[S.SEED], base[S.SEED_SOURCE])
+    own = {**reader_config, "split_batches": config.get("split_batches", False),
+           "drop_last": config.get("drop_last", False)}
     mismatches = [Mismatch(S.MODE, state[S.MODE], S.DISPATCH_MODE)] if state[S.MODE] != S.DISPATCH_MODE else []
-    mismatches += S.config_mismatches(state[S.CONFIG], own)
-    seed_mismatch, _, _ = S.resolve_seed(state, base[S.SEED], base[S.SEED_SOURCE])
-    _refusals.raise_mismatches(mismatches + ([seed_mismatch] if seed_mismatch else []))
+    seed_mismatch, _, _ = S.resolve_seed(state, *seed)
+    _refusals.raise_mismatches(mismatches + S.config_mismatches(state[S.CONFIG], own) + _listed(seed_mismatch))
     saved = state[S.TOPOLOGY]
     if saved.get("world_size") == world and saved.get("rank") != rank:
         raise UnsupportedConfigError(
@@ -158,9 +164,16 @@ def _check_dispatcher(state: Mapping[str, Any], base: Mapping[str, Any], world: 
         raise UnsupportedConfigError(
             f"cannot resume: invalid topology {saved!r}; the state is damaged, resume from another checkpoint"
         )
+    reader = state.get(S.BASE)
+    if not isinstance(reader, Mapping):
+        raise UnsupportedConfigError(
+            f"cannot resume: the main process's state has no reader state under '{S.BASE}'; the file is damaged "
+            "or belongs to another rank, resume from another checkpoint"
+        )
+    _check_shard(reader, reader_config, seed, 1, 0)
     mark = check_entry(state, "")
     if mark is not None:
-        _check_dispatcher(mark, mark.get(S.BASE) if isinstance(mark.get(S.BASE), Mapping) else base, world, rank)
+        _check_dispatcher(mark, config, base, world, rank)
 
 
 def _step_origin(state: Mapping[str, Any]) -> tuple[int, int]:
