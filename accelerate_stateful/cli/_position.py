@@ -1,11 +1,12 @@
 """A map-style loader's position, from its saved states alone, without torch (``inspect`` and ``verify``).
 
 A shard (or dispatcher) state records everything its position means: batch size, dataset length, seed,
-``drop_last``, ``even_batches``, ``split_batches``, world size and rank. The batches in its epoch follow from
-the same pure plan (``position._saved``) the shard loader builds its batches and checks a loaded state with,
-and a state is checked as ``load_state_dict`` checks it, so a report cannot disagree with a resumed run;
-``tests/test_cli_position.py`` holds these figures against the loaders themselves, resumed from the same
-states. Which dataset indices a batch holds is ``samples``' question (``_loaders``), which needs torch.
+``drop_last``, ``even_batches``, ``split_batches``, world size and rank. Its batches follow from the pure plan
+and position check the shard loader itself uses (``position._saved``) and the pass record's check
+(``loaders._passes.check_entry``); the rest of ``validate_state`` (mode, settings, seed) and the
+dispatcher's step count are restated here in a few lines. ``tests/test_cli_position.py`` holds every figure
+and refusal against the loaders themselves, resumed from the same states, so a report cannot drift from a
+resumed run. Which dataset indices a batch holds is ``samples``' question (``_loaders``), which needs torch.
 """
 
 from __future__ import annotations
