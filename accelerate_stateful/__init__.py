@@ -1,32 +1,50 @@
-"""accelerate-stateful: exact, replay-free mid-epoch resume for Hugging Face Accelerate loaders."""
+"""accelerate-stateful: exact, replay-free mid-epoch resume for Hugging Face Accelerate loaders.
 
-from .loaders._adapter import DataLoaderAdapter, Phase
-from ._context import DistContext
-from .checkpoint._files import latest_checkpoint
-from .position._plan import ShardPlan
-from .training._preemption import PREEMPTED_EXIT_CODE
-from .training._rng import SampleRNG, sample_rng
-from .checkpoint._state import FORMAT_VERSION, LoaderState
-from .accelerator import Accelerator
-from .loaders.batchsampler import BatchSamplerDataLoader
-from .errors import (
-    CheckpointError,
-    LifecycleError,
-    Mismatch,
-    StateMismatchError,
-    StateSerializationError,
-    StatefulLoaderError,
-    UnsupportedConfigError,
-)
-from .checkpoint.dcp import LoaderCheckpoint
-from .loaders.dispatch import DispatchDataLoader
-from .loaders.iterable import IterableShardDataLoader
-from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
-from .loaders.shard import ShardDataLoader
-from .sources.sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
-from .loaders.skip import SkipDataLoader
+The public names are imported on first use (PEP 562), so that ``import accelerate_stateful`` and the command
+line (``python -m accelerate_stateful inspect``), which reads JSON files only, do not import torch.
+``from accelerate_stateful import X`` and ``accelerate_stateful.X`` work as with eager imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Each public name (``__all__``, below), and the module that defines it.
+_SOURCES = {
+    "Accelerator": ".accelerator",
+    "BatchSamplerDataLoader": ".loaders.batchsampler",
+    "CheckpointError": ".errors",
+    "DataLoaderAdapter": ".loaders._adapter",
+    "DispatchDataLoader": ".loaders.dispatch",
+    "DistContext": "._context",
+    "FORMAT_VERSION": ".checkpoint._state",
+    "HFShards": ".sources.sharded",
+    "IterableShardDataLoader": ".loaders.iterable",
+    "LifecycleError": ".errors",
+    "LoaderCheckpoint": ".checkpoint.dcp",
+    "LoaderState": ".checkpoint._state",
+    "LogicalShardStream": ".sources.sharded",
+    "Mismatch": ".errors",
+    "PREEMPTED_EXIT_CODE": ".training._preemption",
+    "Phase": ".loaders._passes",
+    "RoundRobinDataset": ".sources.roundrobin",
+    "RoundRobinLoader": ".sources.roundrobin",
+    "SampleRNG": ".training._rng",
+    "ShardDataLoader": ".loaders.shard",
+    "ShardPlan": ".position._plan",
+    "ShardedSource": ".sources.sharded",
+    "SkipDataLoader": ".loaders.skip",
+    "StateMismatchError": ".errors",
+    "StateSerializationError": ".errors",
+    "StatefulLoaderError": ".errors",
+    "TextLines": ".sources.sharded",
+    "UnsupportedConfigError": ".errors",
+    "latest_checkpoint": ".checkpoint._files",
+    "sample_rng": ".training._rng",
+}
 
 __all__ = [
     "Accelerator",
@@ -60,3 +78,45 @@ __all__ = [
     "latest_checkpoint",
     "sample_rng",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source, __name__), name)
+    globals()[name] = value  # imported once; later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
+    from ._context import DistContext
+    from .accelerator import Accelerator
+    from .checkpoint._files import latest_checkpoint
+    from .checkpoint._state import FORMAT_VERSION, LoaderState
+    from .checkpoint.dcp import LoaderCheckpoint
+    from .errors import (
+        CheckpointError,
+        LifecycleError,
+        Mismatch,
+        StateMismatchError,
+        StateSerializationError,
+        StatefulLoaderError,
+        UnsupportedConfigError,
+    )
+    from .loaders._adapter import DataLoaderAdapter
+    from .loaders._passes import Phase
+    from .loaders.batchsampler import BatchSamplerDataLoader
+    from .loaders.dispatch import DispatchDataLoader
+    from .loaders.iterable import IterableShardDataLoader
+    from .loaders.shard import ShardDataLoader
+    from .loaders.skip import SkipDataLoader
+    from .position._plan import ShardPlan
+    from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
+    from .sources.sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
+    from .training._preemption import PREEMPTED_EXIT_CODE
+    from .training._rng import SampleRNG, sample_rng

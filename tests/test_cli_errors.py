@@ -102,12 +102,20 @@ def test_an_interrupted_save_is_shown_as_incomplete_and_refused_for_samples(ckpt
     status, out, err = run_cli("inspect", ckpt, "--json")
     report = json.loads(out)
     assert status == 1 and not report["complete"] and report["manifest_version"] is None
+    assert report["manifest_problem"] == "missing"
     assert "has no accelerate_stateful/MANIFEST.json" in report["problems"][0]["message"]
     assert [r["batches_taken"] for r in report["loaders"][0]["ranks"]] == [1, 1]  # what is there is shown
-    assert "is incomplete or damaged" in _one_error_line(err)
+    _says_incomplete_once(_one_error_line(err), ckpt)
     assert run_cli("verify", ckpt)[0] == 1
     status, out, err = run_cli("samples", ckpt, "--remaining")
     assert status == 3 and out == "" and "run 'accelerate-stateful verify'" in _one_error_line(err)
+    _says_incomplete_once(_one_error_line(err), ckpt)
+
+
+def _says_incomplete_once(line: str, ckpt: Path) -> None:
+    """The checkpoint is named once, and its state said once ("X is incomplete or damaged: X is incomplete" was not)."""
+    assert line.count(str(ckpt)) == 1 and line.count("incomplete") <= 1, line
+    assert "incomplete" in line or "damaged" in line, line
 
 
 def test_a_position_that_a_resume_would_refuse_is_reported_in_the_loaders_words(ckpt):
@@ -145,7 +153,23 @@ def test_a_damaged_manifest_makes_the_checkpoint_incomplete(ckpt, text):
     status, out, err = run_cli("verify", ckpt)
     assert status == 1 and f"PROBLEM {SUB}/{_files.MANIFEST}: " in out and "resume from an" in out
     status, out, err = run_cli("inspect", ckpt)
-    assert status == 1 and "complete    NO" in out and "is incomplete or damaged" in _one_error_line(err)
+    assert status == 1 and "damaged" in _one_error_line(err)
+    assert _one_error_line(err).count(str(ckpt)) == 1
+    header = out.splitlines()[1]
+    assert header.startswith("complete    NO (the manifest is damaged, see the problems below")
+    assert "None" not in header, header  # not "manifest version None"
+    report = json.loads(run_cli("inspect", ckpt, "--json")[1])
+    assert report["manifest_problem"] == "damaged" and report["manifest_version"] is None
+
+
+def test_a_checkpoint_with_several_problems_names_the_first_and_points_to_verify_for_the_rest(ckpt):
+    for rank in (0, 1):
+        path = _files.state_file(ckpt, 0, rank)
+        path.write_text(path.read_text() + " ")  # sizes no longer match the manifest
+    status, _, err = run_cli("inspect", ckpt)
+    line = _one_error_line(err)
+    assert status == 1 and line.count(str(ckpt)) == 2 and "loader_0.rank_0.json" in line  # the file, and verify's
+    assert f"(1 more: 'accelerate-stateful verify {ckpt}' lists every problem)" in line
 
 
 def test_a_damaged_stream_position_is_refused_in_one_line(tmp_path):
@@ -181,3 +205,17 @@ def test_a_user_batch_sampler_is_inspected_and_samples_says_it_needs_the_sampler
     assert [r["epoch"] for r in report["loaders"][0]["ranks"]] == [0, 0]
     status, out, err = run_cli("samples", ckpt, "--remaining")
     assert status == 4 and "sampler" in err, (status, err)
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "samples", "diff"])
+def test_the_project_folder_gets_did_you_mean_its_checkpoints_folder(tmp_path, command):
+    project = tmp_path / "project"
+    for number in (2, 3):
+        save_checkpoint(project / "checkpoints" / f"checkpoint_{number}", [[_state(r) for r in range(2)]])
+    (project / "checkpoints" / "checkpoint_3" / SUB / _files.MANIFEST).unlink()  # the newest save was cut short
+    args = {"samples": ["--remaining"], "diff": [project]}.get(command, [])
+    status, out, err = run_cli(command, project, *args)
+    line = _one_error_line(err)
+    assert status == 3 and out == ""
+    assert f"did you mean {project / 'checkpoints'}?" in line
+    assert f"the newest complete one is {project / 'checkpoints' / 'checkpoint_2'}" in line

@@ -41,6 +41,7 @@ def test_all_is_exactly_the_intended_public_surface_and_sorted():
     assert sorted(accelerate_stateful.__all__) == accelerate_stateful.__all__
     for name in INTENDED:
         assert hasattr(accelerate_stateful, name)
+    assert sorted(accelerate_stateful._SOURCES) == INTENDED  # every public name is imported on first use
 
 
 def test_every_error_derives_from_the_package_base():
@@ -48,3 +49,27 @@ def test_every_error_derives_from_the_package_base():
         obj = getattr(accelerate_stateful, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, accelerate_stateful.StatefulLoaderError)
+
+
+def test_importing_the_package_imports_no_public_name_until_it_is_used():
+    """The command line imports the package; only the names it uses may be imported (and torch with them)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, accelerate_stateful as a; print('torch' in sys.modules); "
+            "from accelerate_stateful import ShardDataLoader, __version__; print('torch' in sys.modules); "
+            "print(sorted(set(a.__all__) - set(dir(a))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split("\n")[:3] == ["False", "True", "[]"], done.stderr
+
+
+def test_type_checkers_and_the_api_reference_see_every_public_name_imported():
+    """The lazy front door also imports every name under ``if TYPE_CHECKING:`` (what type checkers and the
+    mkdocstrings API reference read), from the module ``__getattr__`` imports it from."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(accelerate_stateful.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING")
+    seen = {alias.name: "." * node.level + node.module for node in block.body for alias in node.names}
+    assert seen == accelerate_stateful._SOURCES

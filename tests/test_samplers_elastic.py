@@ -183,4 +183,4 @@ def test_the_command_line_describes_a_distributed_samplers_checkpoint(tmp_path):
         del it
     status, out, err = run_cli("inspect", save_checkpoint(tmp_path / "ds", [states]))
     assert status == 0 and err == "", err
-    assert "order=sampler:DistributedSampler" in out and " 2      4   50.0  12 " in out
+    assert "order=sampler:DistributedSampler" in out and "2 of 4         12 of 24 (50.0%)" in out

@@ -26,16 +26,18 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Optional
-
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from ._versions import refuse_unknown_version
 from ..errors import CheckpointError, StateSerializationError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where tensors are written or read, not here: the command line reads states without it.
 
 SUBDIR = "accelerate_stateful"
 MANIFEST = "MANIFEST.json"
@@ -79,7 +81,7 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         if value != value or value in (float("inf"), float("-inf")):
             raise StateSerializationError(f"cannot store the non-finite float {value} at '{path}'", path)
         return value
-    if isinstance(value, torch.Tensor):
+    if _is_tensor(value):
         key = f"t{len(tensors)}"
         tensors[key] = value.detach().cpu().contiguous()
         return {_TENSOR: key}
@@ -107,6 +109,12 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         "state_dict() return those",
         path or "/",
     )
+
+
+def _is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a tensor; without torch imported, nothing is."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def decode(tree: Any, tensors: dict[str, torch.Tensor], source: str = "") -> Any:
@@ -182,7 +190,9 @@ def encode_state(state: Any) -> dict[str, bytes]:
     tree, tensors = encode(state)
     contents = {"json": json.dumps(tree, sort_keys=True, allow_nan=False).encode()}
     if tensors:
-        contents["safetensors"] = st_save(tensors)
+        from safetensors.torch import save
+
+        contents["safetensors"] = save(tensors)
     return contents
 
 
@@ -198,11 +208,13 @@ def write_encoded(checkpoint: Path, loader: int, rank: int, contents: dict[str, 
     return entries
 
 
-def read_loader_state(checkpoint: Path, loader: int, rank: int, manifest: Optional[dict] = None) -> Any:
+def read_loader_state(checkpoint: Path, loader: int, rank: int, manifest: Optional[dict] = None,
+                      load_tensors: Optional[Callable[[bytes], dict]] = None) -> Any:
     """Read one rank's state of one loader, refusing anything that is not our own format.
 
     With ``manifest``, each file read is checked against its entry (size and sha256) from the bytes read,
-    so a rank verifies its own state without reading anything twice.
+    so a rank verifies its own state without reading anything twice. ``load_tensors`` turns a safetensors
+    file's bytes into its tensors (default: torch tensors; the command line reads them without torch).
     """
     json_path = state_file(checkpoint, loader, rank)
     if _size(json_path) is None:
@@ -220,11 +232,19 @@ def read_loader_state(checkpoint: Path, loader: int, rank: int, manifest: Option
             f"{json_path} is not a valid JSON loader state ({exc}); the file is truncated or damaged, "
             "resume from another checkpoint"
         ) from None
-    tensors = _read_tensors(checkpoint, state_file(checkpoint, loader, rank, "safetensors"), manifest)
+    tensors = _read_tensors(checkpoint, state_file(checkpoint, loader, rank, "safetensors"), manifest,
+                            load_tensors or _torch_tensors)
     return decode(tree, tensors, str(json_path))
 
 
-def _read_tensors(checkpoint: Path, path: Path, manifest: Optional[dict]) -> dict[str, torch.Tensor]:
+def _torch_tensors(raw: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(raw)
+
+
+def _read_tensors(checkpoint: Path, path: Path, manifest: Optional[dict],
+                  load_tensors: Callable[[bytes], dict]) -> dict[str, Any]:
     """The tensors of a state: from its safetensors file where the manifest lists one (or, without a
     manifest, where there is one)."""
     if manifest is not None and Path(path).relative_to(checkpoint).as_posix() not in manifest["files"]:
@@ -240,7 +260,7 @@ def _read_tensors(checkpoint: Path, path: Path, manifest: Optional[dict]) -> dic
     raw = _read_bytes(path)
     _check_bytes(checkpoint, path, raw, manifest)
     try:
-        return st_load(raw)
+        return load_tensors(raw)
     except Exception as exc:  # safetensors raises its own SafetensorError
         raise CheckpointError(f"{path} is not a valid safetensors file ({exc}); resume from another checkpoint") from None
 

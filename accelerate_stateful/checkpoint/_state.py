@@ -29,6 +29,16 @@ SEED_SOURCE = "seed_source"
 BASE = "base"
 ORDER_FINGERPRINT = "order_fingerprint"  # a digest of the epoch's order (map-style loaders; optional: older states lack it)
 ORDER_WORLD = "order_world_size"  # the world size whose DistributedSampler shares make the epoch's order
+STREAM = "stream"  # a stream loader's own position (``loaders.iterable``)
+SOURCE = "source"  # a round-robin loader's source position (``sources.roundrobin``)
+STEP_ORIGIN = "step_origin"  # a dispatcher's (reader batches, steps) where its epoch's steps of its size began
+
+# The loader kinds, by the ``mode`` their state records (each class's ``mode``).
+SHARD_MODE = "shard"
+DISPATCH_MODE = "dispatch"
+STREAM_MODE = "iterable-shard"
+ROUND_ROBIN_MODE = "round-robin"
+BATCH_SAMPLER_MODE = "batch-sampler"
 
 
 class Topology(TypedDict):

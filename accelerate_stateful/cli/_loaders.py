@@ -6,7 +6,8 @@ batch size, dataset length, order kind, seed, ``drop_last``, ``even_batches``,
 loader classes training used, over the dataset ``range(dataset_length)`` (whose
 sample ``i`` is the index ``i``), and loads the state into them, so it validates,
 restores and lays out batches with the loader's own code and cannot disagree
-with a resumed run.
+with a resumed run. Only ``samples`` needs this (and torch); ``inspect`` and
+``verify`` read positions with ``_position``.
 """
 
 from __future__ import annotations
@@ -17,32 +18,16 @@ from typing import Any, Mapping, Optional
 import torch
 
 from ..checkpoint import _state as S
+from ._position import is_map_style, with_reader
 from .._context import DistContext
 from ..position._distributed import order_length
 from ..position._order import EpochOrder, SequentialOrder, ShuffledOrder
-from ..loaders.batchsampler import BatchSamplerDataLoader
 from ..loaders.dispatch import DispatchDataLoader
-from ..errors import CheckpointError, StatefulLoaderError
-from ..loaders.iterable import IterableShardDataLoader
-from ..sources.roundrobin import RoundRobinLoader
+from ..errors import CheckpointError
 from ..loaders.shard import ShardDataLoader, _PlanBatchSampler
+from ._read import NotAnswerable
 
-# Every loader kind this release writes, by the mode its state records, and the name the tool shows.
-KINDS = {
-    ShardDataLoader.mode: "shard",
-    DispatchDataLoader.mode: "dispatcher",
-    IterableShardDataLoader.mode: "stream",
-    RoundRobinLoader.mode: "round-robin",
-    BatchSamplerDataLoader.mode: "batch-sampler",
-}
 _REPRODUCIBLE = {SequentialOrder.kind: SequentialOrder, ShuffledOrder.kind: ShuffledOrder}
-
-
-class NotAnswerable(StatefulLoaderError):
-    """The question cannot be answered from this checkpoint alone (a stream, a user's own sampler).
-
-    Raised to the command line only, which turns it into its own exit status.
-    """
 
 
 class RecordedOrder(EpochOrder):
@@ -64,15 +49,6 @@ class RecordedOrder(EpochOrder):
                 "not record; dataset indices can be listed only for sequential and shuffle=True loaders"
             )
         return _REPRODUCIBLE[self.kind](self.num_samples).indices(seed, epoch)
-
-
-def is_map_style(state: Mapping[str, Any]) -> bool:
-    """Whether the state is of a loader over a map-style dataset (each rank's shard, or the dispatcher's)."""
-    if state[S.MODE] == ShardDataLoader.mode:
-        return True
-    base = state.get(S.BASE)
-    reads_map = isinstance(base, Mapping) and base.get(S.MODE) == ShardDataLoader.mode
-    return state[S.MODE] == DispatchDataLoader.mode and reads_map
 
 
 def _shard(config: Mapping[str, Any], state: Mapping[str, Any], ctx: DistContext) -> ShardDataLoader:
@@ -113,14 +89,6 @@ def fresh_loader(state: Mapping[str, Any], ctx: DistContext) -> Any:
     config = state[S.CONFIG]
     return DispatchDataLoader(reader, ctx, split_batches=config.get("split_batches", False),
                               drop_last=config.get("drop_last", False))
-
-
-def with_reader(states: list, rank: int) -> Mapping[str, Any]:
-    """``rank``'s state; a dispatcher's with the main process's reader, which that rank receives from it."""
-    own = states[rank]
-    if own[S.MODE] == DispatchDataLoader.mode and states[0] is not None:
-        own = {**own, S.BASE: states[0][S.BASE]}
-    return own
 
 
 def restored_loader(states: list, rank: int, world_size: int) -> Any:

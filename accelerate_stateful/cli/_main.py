@@ -14,6 +14,10 @@ Commands: ``inspect``, ``verify``, ``samples``, ``diff`` (see ``docs/cli.md``). 
 4   the question does not apply to this loader (``samples`` of a stream, or of
     an order drawn by a user's own sampler)
 ==  ==========================================================================
+
+``inspect``, ``verify`` and ``diff`` read JSON and safetensors headers only and never import torch (nor
+accelerate): a call takes a fraction of a second. ``samples`` rebuilds the loaders, so it imports them (and
+torch) when it runs.
 """
 
 from __future__ import annotations
@@ -27,8 +31,7 @@ from typing import Optional, Sequence
 
 from ..checkpoint import _state as S
 from ._diff import diff_reports, format_diff
-from ._loaders import NotAnswerable, rank_batches, restored_loader
-from ._read import Problem, UnreadableCheckpoint, open_checkpoint
+from ._read import Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint
 from ._report import SCHEMA_VERSION, describe, format_report
 from ..errors import StatefulLoaderError
 
@@ -104,8 +107,17 @@ def _inspect(args: argparse.Namespace) -> int:
     report = describe(ckpt)
     _print(report, args.json, format_report(report))
     if not ckpt.complete:  # what could be read is shown; the status says a resume would refuse it
-        return _fail(f"{ckpt.path} is incomplete or damaged: {ckpt.problems[0].message}", PROBLEMS)
+        return _fail(_incomplete(ckpt), PROBLEMS)
     return OK
+
+
+def _incomplete(ckpt: Checkpoint) -> str:
+    """The first problem of an incomplete checkpoint, naming the checkpoint once, and how to see the rest."""
+    message = ckpt.problems[0].message
+    if str(ckpt.path) not in message:
+        message = f"{ckpt.path} is incomplete or damaged: {message}"
+    more = len(ckpt.problems) - 1
+    return message + (f" ({more} more: 'accelerate-stateful verify {ckpt.path}' lists every problem)" if more else "")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -133,16 +145,16 @@ def _diff(args: argparse.Namespace) -> int:
     _print(change, args.json, format_diff(change))
     broken = next((c for c in (a, b) if not c.complete), None)
     if broken is not None:  # compared as far as it could be read; a resume would refuse it
-        return _fail(f"{broken.path} is incomplete or damaged: {broken.problems[0].message}", PROBLEMS)
+        return _fail(_incomplete(broken), PROBLEMS)
     return OK
 
 
 def _samples(args: argparse.Namespace) -> int:
-    ckpt = open_checkpoint(args.checkpoint)
+    ckpt = open_checkpoint(args.checkpoint, with_tensors=True)  # a dispatcher's loader takes its tensors
     if not ckpt.complete:
         raise UnreadableCheckpoint(
-            f"{ckpt.path} is incomplete ({ckpt.problems[0].message}); a resume never reads it, so its samples "
-            "mean nothing: run 'accelerate-stateful verify' on it, or pick another checkpoint"
+            f"{_incomplete(ckpt)}; a resume never reads it, so its samples mean nothing: run "
+            "'accelerate-stateful verify' on it, or pick another checkpoint"
         )
     if not 0 <= args.loader < ckpt.num_loaders:
         raise _UsageError(f"--loader {args.loader}: the checkpoint has {ckpt.num_loaders} loader(s), numbered from 0")
@@ -165,6 +177,8 @@ def _samples(args: argparse.Namespace) -> int:
 
 def _rank_samples(states: list, rank: int, world: int, args: argparse.Namespace) -> dict:
     """One rank's batches for the question asked, from the loader rebuilt and resumed from the checkpoint."""
+    from ._loaders import rank_batches, restored_loader  # the loaders, and torch: only this command needs them
+
     loader = restored_loader(states, rank, world)
     taken, total = loader.batches_yielded, len(loader)
     if args.step is not None and not 0 <= args.step < total:

@@ -4,7 +4,9 @@ Loading refuses a checkpoint at its first problem; a person looking at one wants
 to see all of them, and to see what an incomplete checkpoint does hold. This
 module reads through the package's own functions (``_files``, ``_state``), so
 every problem is reported in the words a resume would use, and nothing is
-ever unpickled (Accelerate's ``.pkl`` files are never opened).
+ever unpickled (Accelerate's ``.pkl`` files are never opened). Nothing here
+imports torch: a state's tensors are checked by safetensors' own parser and
+stand in the state as :class:`SavedTensor` (the tool never looks inside them).
 """
 
 from __future__ import annotations
@@ -13,19 +15,42 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import safetensors
 
 from ..checkpoint import _files
 from ..checkpoint import _state as S
-from ._loaders import KINDS
-from ..loaders.dispatch import DispatchDataLoader
-from ..errors import CheckpointError, UnsupportedConfigError
+from ._position import KINDS
+from ..errors import CheckpointError, StatefulLoaderError, UnsupportedConfigError
 
+# Where Accelerate's automatic checkpoint naming puts a project's checkpoints: <project_dir>/checkpoints/.
+_PROJECT_CHECKPOINTS = "checkpoints"
 _LOADER_FILE = re.compile(r"^loader_(\d+)\.rank_(\d+)\.json$")
 
 
 class UnreadableCheckpoint(CheckpointError):
     """The input cannot be read as a checkpoint at all; the message says why and what to do."""
+
+
+class NotAnswerable(StatefulLoaderError):
+    """The question cannot be answered from this checkpoint alone (a stream, a user's own sampler).
+
+    Raised to the command line only, which turns it into its own exit status.
+    """
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """A tensor of a loader state, as its safetensors file describes it (the command line reads no values)."""
+
+    dtype: str
+    shape: tuple
+
+
+def _tensor_specs(raw: bytes) -> dict:
+    """The tensors of a safetensors file, parsed and checked by safetensors itself, without torch."""
+    return {name: SavedTensor(spec["dtype"], tuple(spec["shape"])) for name, spec in safetensors.deserialize(raw)}
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,7 @@ class Checkpoint:
         num_loaders: From the manifest, else the loaders found on disk.
         states: ``{(loader, rank): state}`` of every loader file that could be read and checked.
         problems: Everything that makes the checkpoint incomplete or damaged; empty when it is sound.
+        load_tensors: How a state's tensors are read (``None``: as torch tensors).
     """
 
     path: Path
@@ -55,6 +81,7 @@ class Checkpoint:
     num_loaders: int = 0
     states: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)
+    load_tensors: Optional[Callable[[bytes], dict]] = field(default=_tensor_specs, repr=False)
 
     @property
     def complete(self) -> bool:
@@ -72,11 +99,15 @@ class Checkpoint:
         return [self.states[(loader, r)] for r in range(self.world_size)]
 
 
-def open_checkpoint(path: Path) -> Checkpoint:
-    """Read ``path`` as a checkpoint; raises :class:`UnreadableCheckpoint` when it is not one at all."""
+def open_checkpoint(path: Path, with_tensors: bool = False) -> Checkpoint:
+    """Read ``path`` as a checkpoint; raises :class:`UnreadableCheckpoint` when it is not one at all.
+
+    A state's tensors are :class:`SavedTensor` descriptions, or torch tensors ``with_tensors`` (for loaders
+    rebuilt from the states, which need them; this imports torch).
+    """
     path = Path(path)
     _refuse_non_checkpoint(path)
-    ckpt = Checkpoint(path)
+    ckpt = Checkpoint(path, load_tensors=None if with_tensors else _tensor_specs)
     _read_manifest(ckpt)
     found = _loader_files(path)
     if ckpt.manifest is None:
@@ -95,13 +126,23 @@ def _refuse_non_checkpoint(path: Path) -> None:
         raise UnreadableCheckpoint(f"{path} is a file, not a checkpoint folder; pass the folder save_state() wrote")
     if (path / _files.SUBDIR).is_dir():
         return
-    newest = _files.latest_checkpoint(path)
-    hint = (f"; it holds checkpoint folders, pass one of them, e.g. {newest} (the newest complete one)"
-            if newest is not None else "")
     raise UnreadableCheckpoint(
         f"{path} is not an accelerate-stateful checkpoint: it has no {_files.SUBDIR}/ folder (was it saved by "
-        f"accelerate_stateful.Accelerator with use_stateful_dataloader=True?){hint}"
+        f"accelerate_stateful.Accelerator with use_stateful_dataloader=True?){_hint(path)}"
     )
+
+
+def _hint(path: Path) -> str:
+    """Where the checkpoint folders are, when ``path`` holds them or is the project folder above them."""
+    newest = _files.latest_checkpoint(path)
+    if newest is not None:
+        return f"; it holds checkpoint folders, pass one of them, e.g. {newest} (the newest complete one)"
+    project = path / _PROJECT_CHECKPOINTS
+    if project.is_dir() and _files.numbered_checkpoints(project):
+        newest = _files.latest_checkpoint(project)
+        pick = f"; the newest complete one is {newest}" if newest is not None else "; none of them is complete"
+        return f"; did you mean {project}? It holds the checkpoint folders of this project{pick}"
+    return ""
 
 
 def _read_manifest(ckpt: Checkpoint) -> None:
@@ -178,7 +219,7 @@ def _read_state(ckpt: Checkpoint, loader: int, rank: int) -> None:
     path = _files.state_file(ckpt.path, loader, rank)
     rel = path.relative_to(ckpt.path).as_posix()
     try:
-        state = _files.read_loader_state(ckpt.path, loader, rank)
+        state = _files.read_loader_state(ckpt.path, loader, rank, load_tensors=ckpt.load_tensors)
         S.check_shape(state, str(path))
     except UnsupportedConfigError as exc:
         if _from_future(state):
@@ -211,7 +252,7 @@ def _from_future(state: Any) -> bool:
 
 def _refuse_unknown_modes(state: dict, path: Path) -> None:
     """A loader kind this release does not know was written by a newer one (or a dispatcher's reader was)."""
-    reader = state.get(S.BASE) if state[S.MODE] == DispatchDataLoader.mode else None
+    reader = state.get(S.BASE) if state[S.MODE] == S.DISPATCH_MODE else None
     for mode in (state[S.MODE], reader.get(S.MODE) if isinstance(reader, dict) else None):
         if mode is not None and mode not in KINDS:
             raise UnreadableCheckpoint(

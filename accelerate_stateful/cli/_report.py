@@ -1,17 +1,19 @@
-"""What a checkpoint says, as a stable JSON-able report (``inspect --json``; fields in ``docs/cli.md``)."""
+"""What a checkpoint says, as a stable JSON-able report (``inspect --json``; fields in ``docs/cli.md``).
+
+Read from the files alone, without torch (``_position`` for where a map-style loader stands).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..checkpoint import _files
 from ..checkpoint import _state as S
-from ._loaders import KINDS, is_map_style, restored_loader, with_reader
+from ._position import KINDS, is_map_style, map_position, with_reader
 from ._read import Checkpoint, UnreadableCheckpoint
-from ..loaders.dispatch import DispatchDataLoader
 from ..errors import StatefulLoaderError
-from ..loaders.iterable import STREAM, IterableShardDataLoader
-from ..sources.roundrobin import SOURCE, RoundRobinLoader
-from ..sources.sharded import merge_positions
+from ..sources._merge import merge_positions
+from ..position._saved import striped_settings
 
 SCHEMA_VERSION = 1
 _LOGICAL = {"positions", "done", "next"}  # the keys of a LogicalShardStream's state
@@ -26,10 +28,18 @@ def describe(ckpt: Checkpoint) -> dict:
         "complete": ckpt.complete,
         "problems": [{"file": p.file, "message": p.message} for p in ckpt.problems],
         "manifest_version": manifest.get("manifest_version"),
+        "manifest_problem": _manifest_problem(ckpt),
         "world_size": ckpt.world_size,
         "num_loaders": ckpt.num_loaders,
         "loaders": [_loader(ckpt, index) for index in range(ckpt.num_loaders)],
     }
+
+
+def _manifest_problem(ckpt: Checkpoint) -> Optional[str]:
+    """``None`` with a readable manifest; else ``"missing"`` or ``"damaged"``."""
+    if ckpt.manifest is not None:
+        return None
+    return "damaged" if (ckpt.path / _files.SUBDIR / _files.MANIFEST).exists() else "missing"
 
 
 def _loader(ckpt: Checkpoint, index: int) -> dict:
@@ -50,7 +60,7 @@ def _loader(ckpt: Checkpoint, index: int) -> dict:
 def _reader_state(states: list) -> Optional[Mapping[str, Any]]:
     """A dispatcher's reader (saved by the main process only), else ``None``."""
     main = states[0] if states else None
-    if main is None or main[S.MODE] != DispatchDataLoader.mode or not isinstance(main.get(S.BASE), Mapping):
+    if main is None or main[S.MODE] != S.DISPATCH_MODE or not isinstance(main.get(S.BASE), Mapping):
         return None
     return main[S.BASE]
 
@@ -64,6 +74,7 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
         "batches_in_epoch": None,
         "epoch_fraction": None,
         "samples_consumed": None,
+        "samples_in_epoch": None,
         "workers": state[S.TOPOLOGY].get("num_workers"),
         "seed": state[S.SEED],
         "seed_source": state[S.SEED_SOURCE],
@@ -75,10 +86,10 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
         return row
     position = _reader_state(states) or state
     try:
-        if position[S.MODE] == IterableShardDataLoader.mode:
+        if position[S.MODE] == S.STREAM_MODE:
             row.update(_stream_position(position))
-        elif position[S.MODE] == RoundRobinLoader.mode:
-            source = position.get(SOURCE)
+        elif position[S.MODE] == S.ROUND_ROBIN_MODE:
+            source = position.get(S.SOURCE)
             row["replayed_samples"] = source["items"] if isinstance(source, Mapping) and "items" in source else 0
     except (KeyError, TypeError, AttributeError) as exc:
         raise UnreadableCheckpoint(
@@ -89,21 +100,23 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
 
 
 def _map_position(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
-    """Length, progress and samples of a map-style loader, from the loader rebuilt and resumed from the state."""
+    """Length, progress and samples of a map-style loader, as the loader resumed from the state reports them."""
     try:
-        loader = restored_loader(states, rank, len(states))
+        found = map_position(states, rank)
     except StatefulLoaderError as exc:
         raise UnreadableCheckpoint(f"{ckpt.path}: loader {index}, rank {rank}: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnreadableCheckpoint(
+            f"{ckpt.path}: loader {index}, rank {rank}: the position is damaged ({exc!r}); resume from another "
+            "checkpoint"
+        ) from None
     shard = _reader_state(states) or states[rank]
-    return {
-        "batches_in_epoch": len(loader),
-        "epoch_fraction": loader.progress(),
-        "samples_consumed": shard[S.SAMPLES_CONSUMED],
-    }
+    samples = striped_settings(shard[S.CONFIG], shard)["num_samples"]  # a DistributedSampler's: its global order
+    return {**found, "samples_consumed": shard[S.SAMPLES_CONSUMED], "samples_in_epoch": samples}
 
 
 def _stream_position(state: Mapping[str, Any]) -> dict:
-    stream = state[STREAM]
+    stream = state[S.STREAM]
     snapshots = [s for s in stream["snapshots"] if s is not None]
     found: dict = {"workers_taken": list(stream["taken"])}
     datasets = [s.get("dataset") for s in snapshots]
@@ -116,26 +129,19 @@ def _stream_position(state: Mapping[str, Any]) -> dict:
 
 
 # --------------------------------------------------------------------------- human output
-_COLUMNS = (("rank", "rank"), ("epoch", "epoch"), ("batches_taken", "taken"), ("batches_in_epoch", "of"),
-            ("epoch_fraction", "%"), ("samples_consumed", "samples"), ("workers", "workers"),
-            ("replayed_samples", "replayed"), ("seed", "seed"), ("seed_source", "seed from"))
+_COLUMNS = ("rank", "epoch", "batches taken", "samples taken", "workers", "replayed", "seed", "seed from")
 
 
 def format_report(report: dict) -> str:
-    """A compact table per loader."""
-    state = "yes" if report["complete"] else "NO"
-    lines = [
-        f"checkpoint  {report['checkpoint']}",
-        f"complete    {state} (manifest version {report['manifest_version']}, world size {report['world_size']}, "
-        f"{report['num_loaders']} loader(s))",
-    ]
+    """A compact table per loader: batches are this rank's, samples are all ranks' together."""
+    lines = [f"checkpoint  {report['checkpoint']}", f"complete    {_status(report)}"]
     lines += [f"  problem: {p['message']}" for p in report["problems"]]
     for loader in report["loaders"]:
         reads = f" reading {loader['reads']}" if loader["reads"] else ""
         config = ", ".join(f"{k}={v}" for k, v in sorted((loader["config"] or {}).items()))
         lines += ["", f"loader {loader['loader']}: {loader['kind']}{reads} (format {loader['format_version']}) "
                       f"{config}"]
-        lines += _table([[_cell(key, row[key]) for key, _ in _COLUMNS] for row in loader["ranks"]])
+        lines += _table([_cells(row) for row in loader["ranks"]])
         for row in loader["ranks"]:
             shards = row.get("logical_shards")
             if shards:
@@ -144,15 +150,33 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _cell(key: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if key == "epoch_fraction":
-        return f"{100 * value:.1f}"
-    return str(value)
+def _status(report: dict) -> str:
+    shape = f"world size {report['world_size']}, {report['num_loaders']} loader(s)"
+    if report["manifest_problem"] is not None:  # no manifest version to show: say why
+        return (f"NO (the manifest is {report['manifest_problem']}, see the problems below; {shape} from the "
+                "loader files found)")
+    return f"{'yes' if report['complete'] else 'NO'} (manifest version {report['manifest_version']}, {shape})"
+
+
+def _cells(row: dict) -> list:
+    """One rank's row: batches of this rank ("4 of 7"), samples of all ranks ("32 of 50 (64.0%)")."""
+    batches = str(row["batches_taken"])
+    if row["batches_in_epoch"] is not None:
+        batches += f" of {row['batches_in_epoch']}"
+    samples = "-"
+    if row["samples_consumed"] is not None:
+        total = row.get("samples_in_epoch")
+        share = f" ({100 * row['samples_consumed'] / total:.1f}%)" if total else ""
+        samples = f"{row['samples_consumed']} of {total}{share}"
+    return [str(row["rank"]), str(row["epoch"]), batches, samples,
+            *(_cell(row[key]) for key in ("workers", "replayed_samples", "seed", "seed_source"))]
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _table(rows: list) -> list:
-    header = [title for _, title in _COLUMNS]
+    header = list(_COLUMNS)
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]

@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ..training import _training
-from ._passes import Kind, PassHandle, PassOrigin, PassRecord, Phase
+from ._passes import PASS, Kind, PassHandle, PassOrigin, PassRecord, Phase, check_entry
 
 if TYPE_CHECKING:
     from ._adapter import DataLoaderAdapter
 
-PASS = "pass"  # the state key of the live pass's record
 # The opening number of the newest continuation of an interrupted pass (any loader of this process).
 _continued = [0]
 
@@ -362,16 +361,3 @@ def _entry(origin: PassOrigin, trained: bool, peeks: int, complete: bool, taken:
         entry.update(complete=True, taken=taken)
     return entry
 
-
-def check_entry(state: Mapping[str, Any], where: str) -> Optional[Mapping[str, Any]]:
-    """Refuse a damaged ``"pass"`` entry in the user's terms; returns the state its pass began from, if any."""
-    entry = state.get(PASS)
-    if entry is None:
-        return None
-    peeks = entry.get("peeks") if isinstance(entry, Mapping) else None
-    taken = entry.get("taken", 0) if isinstance(entry, Mapping) else None
-    if not (isinstance(entry, Mapping) and isinstance(entry.get("trained"), bool)
-            and isinstance(entry.get("complete", False), bool)
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (peeks, taken))):
-        PassOrigin.from_state(None, where)  # raises, saying the record is damaged
-    return PassOrigin.from_state(entry.get("origin"), where).mark

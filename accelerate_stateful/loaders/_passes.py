@@ -21,6 +21,7 @@ from ..errors import UnsupportedConfigError
 if TYPE_CHECKING:
     from ._adapter import DataLoaderAdapter
 
+PASS = "pass"  # the state key of the live pass's record
 
 class Phase(enum.Enum):
     """Where a loader is in its lifecycle (see ``docs/lifecycle.md``)."""
@@ -152,3 +153,17 @@ class PassHandle:
     def __del__(self) -> None:
         # Only a flag: this may run in any thread, at any moment, or while the interpreter shuts down.
         self._record.dropped = True
+
+
+def check_entry(state: Mapping[str, Any], where: str) -> Optional[Mapping[str, Any]]:
+    """Refuse a damaged ``"pass"`` entry in the user's terms; returns the state its pass began from, if any."""
+    entry = state.get(PASS)
+    if entry is None:
+        return None
+    peeks = entry.get("peeks") if isinstance(entry, Mapping) else None
+    taken = entry.get("taken", 0) if isinstance(entry, Mapping) else None
+    if not (isinstance(entry, Mapping) and isinstance(entry.get("trained"), bool)
+            and isinstance(entry.get("complete", False), bool)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (peeks, taken))):
+        PassOrigin.from_state(None, where)  # raises, saying the record is damaged
+    return PassOrigin.from_state(entry.get("origin"), where).mark

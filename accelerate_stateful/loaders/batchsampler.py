@@ -75,7 +75,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         steps_taken: Global steps taken since ``stripe_origin``.
     """
 
-    mode = "batch-sampler"
+    mode = S.BATCH_SAMPLER_MODE
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ from ..errors import UnsupportedConfigError
 FIRST = "first_samples"
 # After a resume on another number of processes, where this epoch's steps of the new size began: the reader's
 # batches taken then, and the steps counted for them. (0, 0) in an epoch started at this size.
-ORIGIN = "step_origin"
+ORIGIN = S.STEP_ORIGIN
 
 
 class DispatchDataLoader(DataLoaderAdapter):
@@ -41,7 +41,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         >>> dl = accelerator.prepare(DataLoader(stream, batch_size=8))     # doctest: +SKIP
     """
 
-    mode = "dispatch"
+    mode = S.DISPATCH_MODE
 
     def __init__(
         self,

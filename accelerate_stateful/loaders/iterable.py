@@ -22,7 +22,7 @@ from ..errors import UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
 
-STREAM = "stream"
+STREAM = S.STREAM
 _WORKER_SALT = 0x5EED
 _BASE_SETTINGS = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", "persistent_workers",
                   "pin_memory_device")
@@ -64,7 +64,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
         ...                                                  DistContext(0, 2))   # doctest: +SKIP
     """
 
-    mode = "iterable-shard"
+    mode = S.STREAM_MODE
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from ._ordered import require_in_order
 from ..training._rng import PipelineRNG
 from ..position._plan import ShardPlan
 from ..checkpoint import _refusals
+from ..position._saved import shard_plan
 from ..errors import UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class ShardDataLoader(DataLoaderAdapter):
         3
     """
 
-    mode = "shard"
+    mode = S.SHARD_MODE
 
     def __init__(
         self,
@@ -210,18 +211,9 @@ class ShardDataLoader(DataLoaderAdapter):
 
     def _plan_at(self, world: int, rank: int, num_samples: int, origin: int = 0) -> ShardPlan:
         """How an order of ``num_samples`` is striped on ``world`` processes (the user's batch settings)."""
-        per_rank = self._loader_batch_size // world if self._split_batches else self._loader_batch_size
-        return ShardPlan(
-            num_samples=num_samples,
-            batch_size=per_rank,
-            world_size=world,
-            rank=rank,
-            drop_last=self._drop_last,
-            # Accelerate does not shard on one process (it keeps the user's batch sampler), so it never
-            # pads the last batch there.
-            even_batches=self._even_batches and world > 1,
-            origin=origin,
-        )
+        settings = {"batch_size": self._loader_batch_size, "num_samples": num_samples, "drop_last": self._drop_last,
+                    "even_batches": self._even_batches, "split_batches": self._split_batches}
+        return shard_plan(settings, world, rank, origin)
 
     def _epoch_indices(self, seed: Optional[int] = None, epoch: Optional[int] = None,
                        order: Optional[EpochOrder] = None) -> torch.Tensor:

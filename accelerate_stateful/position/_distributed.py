@@ -26,6 +26,7 @@ from torch.utils.data import DistributedSampler
 
 from ._order import EpochOrder
 from ._plan import ShardPlan
+from ._saved import order_length  # noqa: F401  (re-exported: the global order's length)
 
 # plan_for(world_size, rank, num_samples): how the loader stripes an order of num_samples at that topology.
 PlanFor = Callable[[int, int, int], ShardPlan]
@@ -52,12 +53,6 @@ def share(sampler: DistributedSampler, world_size: int, rank: int, epoch: int) -
     twin.total_size = twin.num_samples * world_size
     twin.set_epoch(epoch)
     return torch.as_tensor(list(iter(twin)), dtype=torch.int64)
-
-
-def order_length(plan_for: PlanFor, world_size: int, share: int) -> int:
-    """How many entries the global order at ``world_size`` has, each rank's share being ``share`` long."""
-    plans = [plan_for(world_size, r, share) for r in range(world_size)]
-    return sum(len(plan.batch_positions(step)) for plan in plans for step in range(plan.num_batches))
 
 
 class DistributedOrder(EpochOrder):

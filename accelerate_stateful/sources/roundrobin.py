@@ -19,7 +19,7 @@ from ..errors import StatefulLoaderError, UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "source"
+SOURCE = S.SOURCE
 _SETTINGS = ("num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
              "prefetch_factor", "persistent_workers", "pin_memory_device")
 
@@ -101,7 +101,7 @@ class RoundRobinLoader(DataLoaderAdapter):
     batches in flight, at most ``prefetch_factor * num_workers + 2`` of them).
     """
 
-    mode = "round-robin"
+    mode = S.ROUND_ROBIN_MODE
 
     def __init__(
         self,

@@ -24,6 +24,8 @@ from typing import Any, Iterator, Optional, Protocol, Sequence, runtime_checkabl
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._merge import merge_positions
+
 
 class ShardReader(Protocol):
     """An iterator over one part that can say where it is."""
@@ -194,15 +196,3 @@ class LogicalShardStream(IterableDataset):
             self._next = active[at % len(active)]
             yield item
 
-
-def merge_positions(snapshots: Sequence[Optional[dict]]) -> dict:
-    """Every part's position and whether it is done, gathered from readers' saved states."""
-    positions: dict[str, Any] = {}
-    done: set[int] = set()
-    for snapshot in snapshots:
-        if snapshot is None:
-            continue
-        state = snapshot["dataset"]
-        positions.update(state["positions"])
-        done.update(state["done"])
-    return {"positions": positions, "done": sorted(done), "next": None}

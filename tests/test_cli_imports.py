@@ -1,0 +1,90 @@
+"""``inspect``, ``verify`` and ``diff`` read a checkpoint without importing torch or accelerate.
+
+Importing torch is most of a call's time (seconds; ``docs/cli.md`` has the figures), and reading JSON
+files and safetensors headers needs neither. Each command runs as the real ``python -m accelerate_stateful``
+with ``-X importtime``, whose report on stderr names every module the process imported; ``samples``, which
+rebuilds the loaders, shows the same report does list torch when it is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader, ShardDataLoader
+from accelerate_stateful.checkpoint import _files
+
+from cli_run import run_subprocess, save_checkpoint
+from streams import CountingStream
+
+HEAVY = ("torch", "accelerate", "numpy")
+
+
+def _taken(loader, batches: int = 2) -> dict:
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return loader.state_dict()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A project folder whose checkpoint holds a shard loader, a dispatcher (whose state has tensors) and a
+    stream, each on 2 simulated ranks."""
+    root = tmp_path_factory.mktemp("project")
+    loaders = [
+        [_taken(ShardDataLoader.from_dataloader(DataLoader(range(20), batch_size=2, shuffle=True),
+                                                DistContext(r, 2), data_seed=1)) for r in range(2)],
+        [_taken(DispatchDataLoader.from_dataloader(DataLoader(range(20), batch_size=3), DistContext(r, 2)))
+         for r in range(2)],
+        [_taken(IterableShardDataLoader.from_dataloader(DataLoader(CountingStream(40), batch_size=2),
+                                                        DistContext(r, 2))) for r in range(2)],
+    ]
+    for number in (1, 2):
+        save_checkpoint(root / "checkpoints" / f"checkpoint_{number}", loaders)
+    assert list((root / "checkpoints" / "checkpoint_1" / _files.SUBDIR).glob("*.safetensors"))
+    return root
+
+
+def _imported(*args) -> tuple[int, set, str]:
+    """(status, top-level packages imported, stdout) of ``python -X importtime -m accelerate_stateful ARGS``."""
+    done = run_subprocess([sys.executable, "-X", "importtime", "-m", "accelerate_stateful", *args])
+    names = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    return done.returncode, {name.split(".")[0] for name in names} - {"import time:"}, done.stdout
+
+
+def _damaged(project: Path, tmp_path: Path) -> Path:
+    copy = Path(shutil.copytree(project / "checkpoints" / "checkpoint_2", tmp_path / "checkpoint_2"))
+    path = _files.state_file(copy, 1, 0)
+    path.write_text(path.read_text() + " ")
+    return copy
+
+
+@pytest.mark.parametrize("command, expected", [
+    pytest.param(lambda p, t: ("inspect", p / "checkpoints" / "checkpoint_2"), 0, id="inspect"),
+    pytest.param(lambda p, t: ("inspect", p / "checkpoints" / "checkpoint_2", "--json"), 0, id="inspect-json"),
+    pytest.param(lambda p, t: ("verify", p / "checkpoints" / "checkpoint_2"), 0, id="verify"),
+    pytest.param(lambda p, t: ("diff", p / "checkpoints" / "checkpoint_1", p / "checkpoints" / "checkpoint_2"), 0,
+                 id="diff"),
+    pytest.param(lambda p, t: ("verify", _damaged(p, t)), 1, id="verify-damaged"),
+    pytest.param(lambda p, t: ("inspect", _damaged(p, t)), 1, id="inspect-damaged"),
+    pytest.param(lambda p, t: ("inspect", p), 3, id="the-project-folder"),
+])
+def test_reading_a_checkpoint_imports_neither_torch_nor_accelerate(project, tmp_path, command, expected):
+    args = command(project, tmp_path)
+    status, imported, out = _imported(*args)
+    assert "accelerate_stateful" in imported and status == expected
+    assert not imported & set(HEAVY), f"imported {sorted(imported & set(HEAVY))}"
+    if args[-1] == "--json":
+        assert [loader["kind"] for loader in json.loads(out)["loaders"]] == ["shard", "dispatcher", "stream"]
+
+
+def test_samples_rebuilds_the_loaders_and_so_imports_torch(project):
+    status, imported, out = _imported("samples", project / "checkpoints" / "checkpoint_2", "--remaining")
+    assert status == 0 and out.startswith("# loader 0, rank 0 of 2")
+    assert "torch" in imported
