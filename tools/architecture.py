@@ -83,6 +83,9 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_report.py": "the command line's tables and JSON (docs/cli.md)",
     "cli/_loaders.py": "the command line rebuilds the loaders to answer samples (docs/cli.md)",
     "cli/_diff.py": "the command line's diff (docs/cli.md)",
+    "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
+    "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
+    "sources/_merge.py": "merging logical-shard positions, shared by the loaders and the command line",
 }
 
 DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"
