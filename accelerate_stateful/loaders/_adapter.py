@@ -370,10 +370,11 @@ class DataLoaderAdapter(Stateful):
         return base_iter
 
     def _release_workers(self) -> None:
-        """Stop the workers of this loader's base iterator now (a pass ended by an exception)."""
+        """Stop the workers of this loader's base iterator now (a pass ended by an exception); persistent
+        workers too: the next pass starts new ones."""
         base_iter = self._base_iter() if self._base_iter is not None else None
         if base_iter is not None:
-            shut_down(base_iter)
+            shut_down(base_iter, self._base)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
