@@ -16,7 +16,7 @@ from ..checkpoint import _refusals
 from .._context import DistContext
 from ._lifecycle import PASS, Lifecycle, check_entry
 from ._passes import PassHandle, Phase
-from ._workers import shut_down
+from ._workers import shut_down, track
 from ..errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
 
 
@@ -364,9 +364,11 @@ class DataLoaderAdapter(Stateful):
         GradientState()._remove_dataloader(self)
 
     def _open_base(self) -> Iterator[Any]:
-        """An iterator over the base loader, remembered so that its workers can be stopped at once."""
+        """An iterator over the base loader, remembered so that its workers can be stopped at once (a pass ended
+        by an exception, the process's end: ``_workers``)."""
         base_iter = iter(self._base)
         self._base_iter = weakref.ref(base_iter)
+        track(base_iter)
         return base_iter
 
     def _release_workers(self) -> None:
