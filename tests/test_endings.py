@@ -177,7 +177,7 @@ def test_a_rank_whose_peer_was_killed_fails_and_ends_with_all_its_workers(tmp_pa
 ENDING = textwrap.dedent("""
     import os, signal, sys, time
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
     from accelerate_stateful import Accelerator
 
@@ -190,11 +190,16 @@ ENDING = textwrap.dedent("""
                 time.sleep(3600)
             return i
 
+    class Stream(IterableDataset):  # read by this package's stream loader: its workers talk over channels
+        def __iter__(self):
+            info = get_worker_info()
+            yield from range(info.id, 400, info.num_workers)
+
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
                               project_config=ProjectConfiguration(project_dir=sys.argv[2],
                                                                   automatic_checkpoint_naming=True))
     loaders = [accelerator.prepare(DataLoader(data, batch_size=4, num_workers=2, persistent_workers=persistent))
-               for data in (list(range(40)), Slow()) for persistent in (False, True)]
+               for data in (list(range(40)), Slow(), Stream()) for persistent in (False, True)]
     accelerator.checkpoint_on_preemption()  # the workers ignore SIGTERM
     iterators = [iter(dl) for dl in loaders]
     for it in iterators:
