@@ -16,7 +16,7 @@ from ..checkpoint import _refusals
 from .._context import DistContext
 from ._lifecycle import PASS, Lifecycle, check_entry
 from ._passes import PassHandle, Phase
-from ._workers import shut_down
+from ._workers import shut_down, track
 from ..errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
 
 
@@ -365,16 +365,19 @@ class DataLoaderAdapter(Stateful):
         GradientState()._remove_dataloader(self)
 
     def _open_base(self) -> Iterator[Any]:
-        """An iterator over the base loader, remembered so that its workers can be stopped at once."""
+        """An iterator over the base loader, remembered so that its workers can be stopped at once (a pass ended
+        by an exception, the process's end: ``_workers``)."""
         base_iter = iter(self._base)
         self._base_iter = weakref.ref(base_iter)
+        track(base_iter)
         return base_iter
 
     def _release_workers(self) -> None:
-        """Stop the workers of this loader's base iterator now (a pass ended by an exception)."""
+        """Stop the workers of this loader's base iterator now (a pass ended by an exception); persistent
+        workers too: the next pass starts new ones."""
         base_iter = self._base_iter() if self._base_iter is not None else None
         if base_iter is not None:
-            shut_down(base_iter)
+            shut_down(base_iter, self._base)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -1,17 +1,115 @@
-"""Stopping a torch ``DataLoader`` iterator's worker processes at once.
+"""Ending a torch ``DataLoader`` iterator's worker processes at once, however the pass or the process ends.
 
-A pass that ends by an exception leaves its base iterator referenced by the exception's traceback
-(the frames of ``_next_data`` hold it), so torch's own clean-up, which runs when the iterator is freed,
-waits as long as the user keeps the exception. The loader stops the workers itself instead.
+Two rules, both about what holds a base iterator alive:
+
+- A pass that ends by an exception leaves its base iterator referenced by the exception's traceback (the
+  frames of ``_next_data`` hold it), so torch's own clean-up, which runs when the iterator is freed, waits
+  as long as the user keeps the exception. The loader stops the workers itself (:func:`shut_down`).
+- When the process ends (an exception out of the script, ``sys.exit``, a signal whose handler raises, the
+  script's end) with an iterator still referenced (a traceback kept for printing, a module-level
+  ``it = iter(dl)``, a ``Trainer`` held by a frame), torch does nothing: at interpreter exit its clean-up
+  is a no-op and :mod:`multiprocessing` ends daemon workers with ``SIGTERM`` and then waits for them
+  without a limit. A worker that ignores ``SIGTERM`` (a preemption handler, ``training/_preemption``: it
+  must survive the launcher's signal to the whole process group) is then waited for forever, while it
+  waits for work from a parent that will never send any. :func:`end_all`, run at exit before torch's and
+  multiprocessing's own exit handlers, ends every worker of this package's loaders first.
+
+Either way a worker is asked to stop (torch's own ``_shutdown_workers``: the end-of-work message, the
+queues closed) and, if it has not ended within :data:`GRACE_S` (a dataset call that does not return, a
+worker that ignores ``SIGTERM``), killed with ``SIGKILL``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import atexit
+import os
+import signal
+import threading
+import time
+import weakref
+from multiprocessing.connection import wait as wait_for_sentinels
+from typing import Any, Iterable
+
+from torch.utils.data import _utils as torch_data_utils
+
+# Below torch's own join timeout (MP_STATUS_CHECK_INTERVAL, 5 s): while a worker is alive after it, torch's
+# clean-up is still joining that worker, not yet unregistering it (see _unwatch).
+GRACE_S = 3.0
+
+_running: "weakref.WeakSet[Any]" = weakref.WeakSet()  # base iterators whose workers may be alive
 
 
-def shut_down(base_iterator: Any) -> None:
-    """Stop ``base_iterator``'s workers now (a no-op for an iterator without workers, or stopped already)."""
-    stop = getattr(base_iterator, "_shutdown_workers", None)
-    if callable(stop):
-        stop()
+def track(base_iterator: Any) -> None:
+    """Remember ``base_iterator`` (if it has worker processes) so that :func:`end_all` reaches it."""
+    if getattr(base_iterator, "_workers", None):
+        _running.add(base_iterator)
+
+
+def shut_down(base_iterator: Any, loader: Any = None) -> None:
+    """Stop ``base_iterator``'s workers now (a no-op for an iterator without workers, or stopped already).
+
+    ``loader`` is the ``DataLoader`` it came from: a loader with ``persistent_workers=True`` keeps its
+    iterator for the next pass and resets it there; a stopped one cannot be reset (its queues are closed),
+    so the loader forgets it and its next pass starts new workers, as a first pass does.
+    """
+    stop_all([base_iterator])
+    if loader is not None and getattr(loader, "_iterator", None) is base_iterator:
+        loader._iterator = None
+
+
+def stop_all(base_iterators: Iterable[Any], grace_s: float = GRACE_S) -> None:
+    """Ask every worker of ``base_iterators`` to stop, all at once; kill those still running after ``grace_s``."""
+    stopping = []
+    for base_iterator in base_iterators:
+        workers = list(getattr(base_iterator, "_workers", ()))
+        if workers and getattr(base_iterator, "_shutdown", True) is False:
+            asking = threading.Thread(target=base_iterator._shutdown_workers, name="accelerate-stateful-stop",
+                                      daemon=True)
+            asking.start()
+            stopping.append((base_iterator, workers, asking))
+    deadline = time.monotonic() + grace_s
+    for base_iterator, workers, asking in stopping:
+        late = _running_after(workers, deadline)
+        if late:
+            _unwatch(base_iterator)
+            for worker in late:
+                _kill(worker.pid)
+        asking.join()
+        _running.discard(base_iterator)
+
+
+def end_all() -> None:
+    """Stop the workers of every base iterator still alive (at interpreter exit, whatever references them)."""
+    stop_all(list(_running))
+
+
+def _running_after(workers: list, deadline: float) -> list:
+    """The workers that have not ended by ``deadline`` (their sentinels: nothing is reaped here)."""
+    pending = {worker.sentinel: worker for worker in workers}
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for ended in wait_for_sentinels(list(pending), timeout=left):
+            del pending[ended]
+    return list(pending.values())
+
+
+def _unwatch(base_iterator: Any) -> None:
+    """Take the workers out of torch's SIGCHLD watch: a worker killed here must not raise in the main thread.
+
+    torch's clean-up (still joining a live worker, ``GRACE_S`` < its join timeout) unregisters them only
+    after its joins, and only while ``_worker_pids_set`` says they are registered.
+    """
+    if getattr(base_iterator, "_worker_pids_set", False):
+        base_iterator._worker_pids_set = False
+        torch_data_utils.signal_handling._remove_worker_pids(id(base_iterator))
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended meanwhile
+        pass
+
+
+# Registered after torch's and multiprocessing's exit handlers (imported above), so it runs before them:
+# torch's clean-up still works, and multiprocessing finds no worker left to wait for.
+atexit.register(end_all)
