@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo demo-trainer bench docs docs-check torture soak clean
+.PHONY: install test test-fast demo demo-trainer bench docs docs-check torture soak dist clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ install: $(STAMP)
 
 test: install
 	$(PY) -m pytest -q tests
+
+# A wheel for your own project's environment: pip install "dist/accelerate_stateful-<version>-py3-none-any.whl[transformers]"
+dist: install
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
 
 test-fast: install
 	$(PY) -m pytest -q tests -m "not multiprocess"
@@ -63,4 +67,4 @@ docs-check: docs
 	$(PY) tools/check_site.py site --screenshots site-check
 
 clean:
-	rm -rf $(VENV) demo_runs bench_out site site-check soak_out .pytest_cache
+	rm -rf $(VENV) demo_runs bench_out site site-check soak_out .pytest_cache dist build

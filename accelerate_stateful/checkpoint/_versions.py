@@ -31,6 +31,6 @@ def refuse_unknown_version(kind: str, found: Any, supported: tuple[int, ...], wh
            else "not a version any release wrote")
     raise error(
         f"{where} has {kind}={found!r}, which this release cannot read ({why}); it reads {kind} "
-        f"{', '.join(map(str, supported))}: upgrade accelerate-stateful (pip install -U accelerate-stateful) to "
+        f"{', '.join(map(str, supported))}: upgrade accelerate-stateful (install the release that wrote it) to "
         "resume from it, or resume from another checkpoint"
     )
