@@ -14,14 +14,14 @@ import torch.distributed as dist
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader, Sampler
 
-import soak
+import mp_harness
 from accelerate_stateful import Accelerator
 from accelerate_stateful._context import DistContext, collective_timeout, package_timeout
 from accelerate_stateful.checkpoint import _files
 from accelerate_stateful.checkpoint._checkpoints import ENTRY_TIMEOUT_ENV, _shared_error, _verdict
 from accelerate_stateful.checkpoint._versions import UnknownVersionError
 from accelerate_stateful.errors import (
-    CheckpointError, Mismatch, StateMismatchError, StateSerializationError, UnsupportedConfigError,
+    CheckpointError, LifecycleError, Mismatch, StateMismatchError, StateSerializationError, UnsupportedConfigError,
 )
 from accelerate_stateful.loaders import _channels, _untracked
 
@@ -59,10 +59,11 @@ def test_save_state_before_prepare_writes_accelerates_files_and_a_manifest_of_no
     accelerator.load_state(path)
 
 
-def test_save_state_before_prepare_with_automatic_naming_is_found_by_resume(tmp_path):
+def test_save_state_before_prepare_with_automatic_naming_is_complete_and_resume_before_prepare_says_when(tmp_path):
     first = make(tmp_path, automatic=True).save_state()
-    assert first.name == "checkpoint_0"
-    assert make(tmp_path, automatic=True).resume() == first
+    assert first.name == "checkpoint_0" and _files.is_complete(first)
+    with pytest.raises(LifecycleError, match=r"resume\(\) was called before accelerator.prepare\(\).*call it after"):
+        make(tmp_path, automatic=True).resume()
 
 
 def test_a_save_of_a_model_alone_is_resumed_with_its_weights(tmp_path):
@@ -111,7 +112,7 @@ def test_a_loader_of_single_samples_is_refused_on_more_than_one_process_with_the
 # --------------------------------------------------------------------------- waits from the collective timeout
 @pytest.fixture
 def group_of_one():
-    store = dist.TCPStore("127.0.0.1", soak.free_port(), 1, True, timeout=datetime.timedelta(seconds=40))
+    store = dist.TCPStore("127.0.0.1", mp_harness.free_port(), 1, True, timeout=datetime.timedelta(seconds=40))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=40))
     yield
 
