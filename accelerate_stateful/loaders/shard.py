@@ -19,7 +19,7 @@ from ._ordered import require_in_order
 from ..training._rng import PipelineRNG
 from ..position._plan import ShardPlan
 from ..checkpoint import _refusals
-from ..position._saved import shard_plan
+from ..position._saved import check_saved_steps, check_saved_topology, shard_plan
 from ..errors import UnsupportedConfigError
 
 logger = logging.getLogger(__name__)
@@ -322,44 +322,13 @@ class ShardDataLoader(DataLoaderAdapter):
             plan.total_batch_size
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
-        saved = state_dict[S.TOPOLOGY]
-        where = f" in {source}" if source else ""
-        world, rank = saved.get("world_size"), saved.get("rank")
-        if not (isinstance(world, int) and isinstance(rank, int) and 0 <= rank < world):
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another "
-                "checkpoint"
-            )
-        if world == self.ctx.world_size and rank != self.ctx.rank:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the state belongs to rank {rank}, this is rank {self.ctx.rank}; "
-                "load each rank's own state"
-            )
-        if self._split_batches and self._loader_batch_size % world != 0:
-            raise UnsupportedConfigError(f"cannot resume{where}: batch_size is not divisible by {world} processes")
-        consumed, origin = state_dict.get(S.SAMPLES_CONSUMED), state_dict.get(S.STRIPE_ORIGIN, 0)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (consumed, origin)):
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: '{S.SAMPLES_CONSUMED}'={consumed!r} and '{S.STRIPE_ORIGIN}'={origin!r} must "
-                "be integers, none negative; the state is damaged or was edited by hand, resume from another "
-                "checkpoint"
-            )
-        order = self._saved_order(state_dict, where)
+        settings = {"batch_size": self._loader_batch_size, "split_batches": self._split_batches}
+        world, rank = check_saved_topology(settings, state_dict, self.ctx.world_size, self.ctx.rank, source)
+        order = self._saved_order(state_dict, f" in {source}" if source else "")
         self._check_order(state_dict, order, source)
-        try:
-            consumed = self._saved_consumed(state_dict, order)
-            steps = self._plan_from(origin, world, rank, order).steps_for(consumed)
-        except ValueError as exc:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: inconsistent position ({exc}); the state is damaged or was edited "
-                "by hand, resume from another checkpoint"
-            ) from None
-        if steps != state_dict[S.BATCHES_YIELDED]:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: inconsistent position: samples_consumed={consumed} means {steps} batches "
-                f"on rank {rank}, but batches_yielded={state_dict[S.BATCHES_YIELDED]}; the state is damaged or "
-                "was edited by hand, resume from another checkpoint"
-            )
+        origin = state_dict.get(S.STRIPE_ORIGIN, 0)
+        check_saved_steps(lambda: self._plan_from(origin, world, rank, order),
+                          self._saved_consumed(state_dict, order), state_dict, source)
 
     def _saved_order(self, state_dict: Mapping[str, Any], where: str) -> EpochOrder:
         """The order the saved epoch is read in: a ``DistributedSampler``'s keeps the world size that began it."""

@@ -1,10 +1,10 @@
 """What a saved shard position means, from its state alone.
 
-Pure: the shard loader plans its epochs with :func:`shard_plan`, and the command line
-(``accelerate-stateful inspect``/``verify``) reads checkpoints with it and :func:`check_shard_position`, without
-torch. The loader's own position check (``ShardDataLoader._check_position``) also knows a user's
-``DistributedSampler``, whose order depends on the number of processes; ``tests/test_cli_position.py`` holds
-the two checks together.
+Pure: the shard loader plans its epochs with :func:`shard_plan` and checks a state it loads with
+:func:`check_saved_topology` and :func:`check_saved_steps` (between them it checks the epoch's order, which
+for a user's ``DistributedSampler`` depends on the number of processes); the command line
+(``accelerate-stateful inspect``/``verify``) reads checkpoints with :func:`check_shard_position`, the same
+checks, without torch.
 """
 
 from __future__ import annotations
@@ -56,6 +56,15 @@ def striped_settings(config: Mapping[str, Any], state: Mapping[str, Any]) -> Map
 def check_shard_position(config: Mapping[str, Any], state: Mapping[str, Any], world: int, rank: int,
                          source: str) -> None:
     """Raise unless ``state``'s position can be continued by ``rank`` of ``world`` with the settings ``config``."""
+    saved_world, saved_rank = check_saved_topology(config, state, world, rank, source)
+    origin = state.get(S.STRIPE_ORIGIN, 0)
+    check_saved_steps(lambda: shard_plan(config, saved_world, saved_rank, origin), state[S.SAMPLES_CONSUMED], state,
+                      source)
+
+
+def check_saved_topology(config: Mapping[str, Any], state: Mapping[str, Any], world: int, rank: int,
+                         source: str) -> tuple[int, int]:
+    """The saved ``(world size, rank)``, once they, the batch settings and the position's counters are valid."""
     saved = state[S.TOPOLOGY]
     where = f" in {source}" if source else ""
     saved_world, saved_rank = saved.get("world_size"), saved.get("rank")
@@ -77,8 +86,15 @@ def check_shard_position(config: Mapping[str, Any], state: Mapping[str, Any], wo
             "be integers, none negative; the state is damaged or was edited by hand, resume from another "
             "checkpoint"
         )
+    return saved_world, saved_rank
+
+
+def check_saved_steps(plan: Callable[[], ShardPlan], consumed: int, state: Mapping[str, Any], source: str) -> None:
+    """Raise unless ``consumed`` samples are, on the saving rank's ``plan`` (made here: a plan that cannot be made
+    is a damaged position too), the batches the state says it took."""
+    where = f" in {source}" if source else ""
     try:
-        steps = shard_plan(config, saved_world, saved_rank, origin).steps_for(consumed)
+        steps = plan().steps_for(consumed)
     except ValueError as exc:
         raise UnsupportedConfigError(
             f"cannot resume{where}: inconsistent position ({exc}); the state is damaged or was edited "
@@ -87,6 +103,6 @@ def check_shard_position(config: Mapping[str, Any], state: Mapping[str, Any], wo
     if steps != state[S.BATCHES_YIELDED]:
         raise UnsupportedConfigError(
             f"cannot resume{where}: inconsistent position: samples_consumed={consumed} means {steps} batches "
-            f"on rank {saved_rank}, but batches_yielded={state[S.BATCHES_YIELDED]}; the state is damaged or "
-            "was edited by hand, resume from another checkpoint"
+            f"on rank {state[S.TOPOLOGY]['rank']}, but batches_yielded={state[S.BATCHES_YIELDED]}; the state is "
+            "damaged or was edited by hand, resume from another checkpoint"
         )
