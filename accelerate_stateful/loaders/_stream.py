@@ -20,7 +20,8 @@ worker after the one that produced the last batch taken, so the continuation
 is the uninterrupted order. The user's dataset sees the *logical* worker in
 ``get_worker_info()`` (torch keeps it in one module global, which the wrapper
 sets), so a dataset that splits its stream by worker id reads the share of
-the logical worker it plays.
+the logical worker it plays. A pass that continues the logical workers of a run with another
+``num_workers`` deals them to this run's workers instead (``_shares``).
 
 A dataset without ``state_dict()`` is *opaque*: its position is the number of
 items read, and resuming fast-forwards over them (counted as replayed).
