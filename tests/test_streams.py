@@ -134,10 +134,9 @@ def test_an_opaque_stream_is_fast_forwarded_with_one_warning_and_a_replay_count(
     assert seen + run_loop(resumed, EPOCHS, taken=4)[0] == reference
 
 
-def test_a_changed_worker_count_is_refused_for_a_stream():
+def test_a_changed_worker_count_is_accepted_for_a_stream():
     state = shard_factory(23, 2, 1, 0, workers=2)().state_dict()
-    with pytest.raises(UnsupportedConfigError, match="with 2 workers.*num_workers=2"):
-        shard_factory(23, 2, 1, 0, workers=0)().load_state_dict(state)
+    shard_factory(23, 2, 1, 0, workers=0)().load_state_dict(state)  # test_stream_workers_elastic.py: what it delivers
 
 
 def test_a_changed_world_size_is_accepted_for_a_stream_every_rank_reads_whole():

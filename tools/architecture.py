@@ -62,6 +62,7 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_snapshot.py": "a dataset's own state_dict() taken in a worker; " + _PLUMBING,
     "loaders/_reading.py": "how the processes read a stream (whole, by shard, logical shards); " + _PLUMBING,
     "loaders/_workerinit.py": "a user's worker_init_fn sees the user's dataset; " + _PLUMBING,
+    "loaders/_shares.py": "a stream's logical workers dealt to another num_workers; " + _PLUMBING,
     "loaders/_ordered.py": "the in_order=False refusal every variant applies",
     "position/_seeds.py": "mix_seed: seeds derived from the loader's seed, used by every box that draws",
     "position/_sampler_rng.py": "a user sampler's own RNGs reseeded per epoch, and the order's fingerprint (part of "

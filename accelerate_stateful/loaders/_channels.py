@@ -49,24 +49,26 @@ class WorkerStart:
     state: Optional[dict] = None  # a snapshot taken by StreamDataset, or None for the stream's start
 
 class Ring:
-    """The snapshots a worker took after its recent batches, keyed by (generation, batch number)."""
+    """The snapshots a worker took after its recent batches, keyed by (generation, logical worker, batch
+    number): a worker may play several logical workers in one pass (``_shares``); each keeps ``size``."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._entries: dict[tuple[int, int], dict] = {}
+        self._entries: dict[tuple[int, int, int], dict] = {}
         self._lock = threading.Lock()
 
-    def put(self, key: tuple[int, int], snapshot: dict) -> None:
+    def put(self, key: tuple[int, int, int], snapshot: dict) -> None:
         with self._lock:
             self._entries[key] = snapshot
-            for old in [k for k in self._entries if k[0] != key[0] or k[1] <= key[1] - self._size]:
+            for old in [k for k in self._entries
+                        if k[0] != key[0] or (k[1] == key[1] and k[2] <= key[2] - self._size)]:
                 del self._entries[old]
 
-    def get(self, key: tuple[int, int]) -> Optional[dict]:
+    def get(self, key: tuple[int, int, int]) -> Optional[dict]:
         with self._lock:
             return self._entries.get(key)
 
-    def entries(self, generation: int) -> dict[tuple[int, int], dict]:
+    def entries(self, generation: int) -> dict[tuple[int, int, int], dict]:
         with self._lock:
             return {k: v for k, v in self._entries.items() if k[0] == generation}
 

@@ -3,12 +3,13 @@
 Three ways, recorded as ``"reading"`` in a stream loader's state:
 
 - ``whole``: every rank reads the whole stream and keeps its slice of each global batch (Accelerate's
-  ``IterableDatasetShard``; one process reads that way too). The position is one count per worker on one
-  stream, the same on every rank and always on a global-batch boundary, so it continues on any number of
-  processes with the same number of logical workers (0 and 1 workers both read the stream whole): the new
-  ranks slice the next global batches at their own size.
+  ``IterableDatasetShard``; one process reads that way too). The position is one count per logical worker
+  on one stream, the same on every rank and always on a global-batch boundary, so it continues on any
+  number of processes: the new ranks slice the next global batches at their own size.
 - ``split``: each rank reads its own part (a ``datasets.IterableDataset`` split by shard): a position
   belongs to one rank's part, so only the same number of processes continues it.
+
+In both, the logical workers of an interrupted epoch continue on any ``num_workers`` (``_shares``).
 - ``logical``: logical shards (``ShardedSource``), dealt again to any ranks and workers (``sharded``).
 """
 
@@ -59,21 +60,44 @@ def check_rescale(saved: Mapping[str, Any], stream: Mapping[str, Any], now: Read
         )
     if now.reading == LOGICAL:
         return
-    if now.reading == WHOLE and reading == WHOLE:
-        if stream.get("workers") == now.num_logical:
-            return
-        raise UnsupportedConfigError(
-            f"cannot resume{where}: the checkpoint was written on {was}, this loader has "
-            f"{_count(now.num_workers, 'worker')}; each worker reads its own share of {now.dataset} and its "
-            f"position belongs to that share, so pass num_workers={saved.get('num_workers')} (the number of "
-            "processes may change)"
-        )
+    if reading == WHOLE or saved.get("world_size") == now.world_size:
+        return  # the workers' shares continue on any num_workers (check_shares)
     raise UnsupportedConfigError(
-        f"cannot resume{where}: the checkpoint was written on {was}, this is {now.world_size} with "
-        f"{now.num_workers}; {now.dataset} resumes only on the same number of processes and workers (each "
-        "process read its own shards, and a position belongs to each reader's share of the stream); implement "
-        "the ShardedSource protocol (num_shards/open_shard) to make it elastic, or relaunch with "
-        f"--num_processes {saved.get('world_size')} and num_workers={saved.get('num_workers')}"
+        f"cannot resume{where}: the checkpoint was written on {was}, this is "
+        f"{_count(now.world_size, 'process')}; {now.dataset} resumes only on the same number of processes "
+        "(each process read its own shards, and a position belongs to each process's part of the stream; "
+        "num_workers may change); implement the ShardedSource protocol (num_shards/open_shard) to make it "
+        f"elastic, or relaunch with --num_processes {saved.get('world_size')}"
+    )
+
+
+def shown_workers(stream: Mapping[str, Any], saved: Mapping[str, Any]) -> int:
+    """The ``num_workers`` that read the logical workers of the saved epoch (0: the main process)."""
+    return int(stream.get("num_workers", saved.get("num_workers") or 0))
+
+
+def check_shares(stream: Mapping[str, Any], saved: Mapping[str, Any], reader: Any, where: str) -> None:
+    """Refuse a saved epoch's logical workers that this loader cannot continue exactly.
+
+    ``reader`` is the loader's ``StreamDataset``. The user's ``worker_init_fn`` runs once per worker
+    process for the share it plays; a reader that continues several shares, or the main process's
+    stream in a worker (or a worker's in the main process), has no worker process per share to run it in.
+    """
+    count, shown = stream.get("workers"), shown_workers(stream, saved)
+    if not isinstance(count, int) or count < 1 or shown not in (0, count):
+        raise UnsupportedConfigError(
+            f"cannot resume{where}: inconsistent stream position {dict(stream)!r}; the file is damaged or was "
+            "edited by hand, resume from another checkpoint"
+        )
+    workers = reader.readers if reader.in_workers else 0
+    if reader.worker_init is None or (count <= max(workers, 1) and (shown > 0) == (workers > 0)):
+        return
+    raise UnsupportedConfigError(
+        f"cannot resume{where}: the interrupted epoch was read by {_count(shown, 'worker')} and this loader has "
+        f"num_workers={workers} and a worker_init_fn, which runs once per worker process for the one share of "
+        f"the stream it reads; pass num_workers={shown} (the number of workers may change from the next "
+        "epoch on, by resuming from a checkpoint taken at an epoch's end), or configure the dataset in its "
+        "__iter__ from get_worker_info() instead of worker_init_fn"
     )
 
 

@@ -64,6 +64,17 @@ class DatasetPosition:
             self.dataset.load_state_dict(copy.deepcopy(initial))
         self._opened.add(pid)
 
+    def fork(self) -> "DatasetPosition":
+        """A position over a copy of the dataset that starts where this one starts (another logical
+        worker read in this process, see ``_shares``)."""
+        pid = os.getpid()
+        twin = DatasetPosition.__new__(DatasetPosition)
+        twin.dataset = copy.deepcopy(self.dataset)
+        twin._initial = {pid: self._initial.setdefault(pid, copy.deepcopy(self.dataset.state_dict()))}
+        twin._opened = {pid}  # a fresh pass loads the initial state: the copy may have been read already
+        twin._fresh = dict(self._fresh)
+        return twin
+
     def record(self) -> dict:
         """``{"dataset": state}``, or ``{"pickled": bytes}`` where the state would change under a reference."""
         state = self.dataset.state_dict()

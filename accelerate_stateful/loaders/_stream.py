@@ -20,7 +20,8 @@ worker after the one that produced the last batch taken, so the continuation
 is the uninterrupted order. The user's dataset sees the *logical* worker in
 ``get_worker_info()`` (torch keeps it in one module global, which the wrapper
 sets), so a dataset that splits its stream by worker id reads the share of
-the logical worker it plays.
+the logical worker it plays. A pass that continues the logical workers of a run with another
+``num_workers`` deals them to this run's workers instead (``_shares``).
 
 A dataset without ``state_dict()`` is *opaque*: its position is the number of
 items read, and resuming fast-forwards over them (counted as replayed).
@@ -35,6 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._channels import Channels, Ring, WorkerStart
+from ._shares import Deal, play
 from ..position._order import mix_seed
 from ..training._rng import seed_globals
 from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
@@ -104,30 +106,43 @@ class StreamDataset(IterableDataset):
         self.stateful = is_stateful(dataset)
         self._position = DatasetPosition(dataset) if self.stateful else None
         self._ring = Ring(ring_size)
-        self._local_start: Optional[WorkerStart] = None
+        self._local_deal: Optional[Deal] = None
         self._floor = 0
         self._channels = Channels(num_workers, mp_context) if num_workers > 0 else None
 
     # ------------------------------------------------------------------ main-process side
-    def start_pass(self, starts: list[WorkerStart], rotation: int) -> None:
-        """Tell each physical worker which logical worker it plays in the next pass, and from where."""
-        set_epoch(self.dataset, starts[0].epoch)
+    @property
+    def readers(self) -> int:
+        """The physical readers of a pass: the workers, or the main process."""
+        return self._channels.num_workers if self._channels is not None else 1
+
+    @property
+    def in_workers(self) -> bool:
+        return self._channels is not None
+
+    @property
+    def position(self) -> Optional[DatasetPosition]:
+        return self._position
+
+    def start_pass(self, deals: list[Deal], epoch: int) -> None:
+        """Tell each physical reader which logical workers it plays in the next pass, and from where."""
+        set_epoch(self.dataset, epoch)
         if self._channels is None:
-            self._local_start = starts[0]
+            self._local_deal = deals[0]
             return
-        count = len(starts)
-        self._floor = starts[0].generation  # workers created from now on copy it: older instructions are stale
+        self._floor = deals[0].generation  # workers created from now on copy it: older instructions are stale
         self._channels.forget()
-        for physical in range(count):
-            self._channels.instruct(physical, starts[(physical + rotation) % count])
+        for physical, dealt in enumerate(deals):
+            self._channels.instruct(physical, dealt)
 
     def snapshot_of(self, generation: int, logical: int, physical: int, batches: int) -> dict:
         """The snapshot worker ``logical`` took after its batch number ``batches`` in this pass."""
+        key = (generation, logical, batches)
         if self._channels is None:
-            found = self._ring.get((generation, batches))
+            found = self._ring.get(key)
         else:
             # Bytes from this loader's own worker process, as every batch of the base loader is.
-            found = pickle.loads(self._channels.ask(physical, (generation, batches)))
+            found = pickle.loads(self._channels.ask(physical, key))
         if found is None:
             raise StatefulLoaderError(
                 f"internal error: worker {logical} no longer holds its state after batch {batches}; "
@@ -139,17 +154,36 @@ class StreamDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = _physical_worker_info()
         if info is None:
-            return self._batches(self._local_start or WorkerStart(generation=0, logical=0), None)
-        start = self._channels.instruction(info.id, self._floor)
+            dealt = self._local_deal or Deal(0, [WorkerStart(generation=0, logical=0)], 0, 0)
+            if not dealt.plain(in_worker=False):
+                return play(self, dealt, None)
+            return self._batches(dealt.slots[0], None)
+        dealt = self._channels.instruction(info.id, self._floor)
         self._channels.serve(info.id, self._ring)
-        _play_worker(info, start.logical, start.epoch, self.shown)
+        if not dealt.plain(in_worker=True):
+            return play(self, dealt, info.id)
+        start = dealt.slots[0]
+        if start is None:
+            return iter(())  # more workers than logical workers: this one has none in this pass
+        _play_worker(info, start.logical, start.epoch, self.shown, dealt.shown_workers)
         if self.worker_init is not None:
             self.worker_init.play(start.logical, self.shown)
         return self._batches(start, info.id)
 
     def _batches(self, start: WorkerStart, physical: Optional[int]) -> Iterator[Any]:
+        yield from self.share_batches(start, self.dataset, self._position)
+        if physical is not None:
+            self.bequeath(physical, start.generation)
+
+    def bequeath(self, physical: int, generation: int) -> None:
+        """Send the main process this pass's snapshots before the base loader may stop this worker."""
+        self._channels.bequeath(physical, self._ring.entries(generation))
+
+    def share_batches(self, start: WorkerStart, dataset: Any,
+                      position: Optional[DatasetPosition]) -> Iterator[Any]:
+        """Logical worker ``start.logical``'s batches from ``dataset``, each recorded in the ring."""
         memo = {"first": (start.state or {}).get("first")}
-        items, read = self._open(start)
+        items, read = self._open(start, dataset, position)
         if self.slicer is not None:
             items = self.slicer.items(items, memo)
         number = start.batches
@@ -158,24 +192,24 @@ class StreamDataset(IterableDataset):
             ended = len(batch) < self.batch_size
             if batch and not (ended and self.drop_last):
                 number += 1
-                self._ring.put((start.generation, number), self._snapshot(read, memo, ended))
+                key = (start.generation, start.logical, number)
+                self._ring.put(key, self._snapshot(read, memo, ended, position))
                 yield (start.logical, number, self.collate_fn(batch))
             if ended:
-                if physical is not None:
-                    self._channels.bequeath(physical, self._ring.entries(start.generation))
                 return
 
-    def _open(self, start: WorkerStart) -> tuple[Iterator[Any], list]:
+    def _open(self, start: WorkerStart, dataset: Any,
+              position: Optional[DatasetPosition]) -> tuple[Iterator[Any], list]:
         """The user's stream positioned at ``start``, and a one-cell counter of items read from it."""
         read = [0]
         state = start.state
-        if self._position is not None:
-            self._position.open(state["dataset"] if state is not None else None)
-        set_epoch(self.dataset, start.epoch, unless_set=True)  # the main process set it before workers started
+        if position is not None:
+            position.open(state["dataset"] if state is not None else None)
+        set_epoch(dataset, start.epoch, unless_set=True)  # the main process set it before workers started
         if state is not None and state["ended"] and not self.stateful:
             return iter(()), read  # an opaque stream known to be finished is not re-read to find its end
         skip = state["items"] if state is not None and not self.stateful else 0
-        stream = iter(self.dataset)
+        stream = iter(dataset)
         for _ in itertools.islice(stream, skip):  # opaque source: fast-forward, counted as replayed
             pass
         read[0] = skip
@@ -187,11 +221,11 @@ class StreamDataset(IterableDataset):
 
         return counted(), read
 
-    def _snapshot(self, read: list, memo: dict, ended: bool) -> dict:
+    def _snapshot(self, read: list, memo: dict, ended: bool, position: Optional[DatasetPosition]) -> dict:
         """The position after this batch; the parts it holds are never changed afterwards."""
         snapshot: dict = {"items": read[0], "ended": ended}
-        if self._position is not None:
-            snapshot.update(self._position.record())
+        if position is not None:
+            snapshot.update(position.record())
         if memo.get("first") is not None:
             snapshot["first"] = memo["first"]  # set once per pass, never changed
         return snapshot
@@ -204,9 +238,9 @@ def _physical_worker_info() -> Any:
     return _physical_info if _physical_info is not None else get_worker_info()
 
 
-def _play_worker(info: Any, logical: int, epoch: int, dataset: Any) -> None:
-    """Make this worker play ``logical`` in ``epoch``: ``get_worker_info()`` reports it, its seed and the
-    user's ``dataset``.
+def _play_worker(info: Any, logical: int, epoch: int, dataset: Any, num_workers: int) -> None:
+    """Make this worker play ``logical`` of ``num_workers`` in ``epoch``: ``get_worker_info()`` reports it,
+    its seed and the user's ``dataset``.
 
     The seed (``get_worker_info().seed``, ``torch.initial_seed()``, and the ``torch``, ``random`` and
     ``numpy`` global RNGs, re-seeded here at every pass) is a pure function of the loader's seed, the epoch
@@ -218,4 +252,4 @@ def _play_worker(info: Any, logical: int, epoch: int, dataset: Any) -> None:
     _physical_info = info
     seed = mix_seed(info.seed - info.id, epoch, logical)  # info.seed - info.id: drawn from the loader's seed only
     seed_globals(seed)
-    show_dataset(dataset, id=logical, seed=seed)
+    show_dataset(dataset, id=logical, seed=seed, num_workers=num_workers)

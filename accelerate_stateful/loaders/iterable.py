@@ -15,7 +15,8 @@ from ..position._order import mix_seed
 from ._ordered import require_in_order
 from ._channels import WorkerStart
 from ._stream import Slicer, StreamDataset, passthrough
-from ._reading import LOGICAL, SPLIT, WHOLE, Readers, check_rescale
+from ._shares import MARKER, deal, worker_base_seed
+from ._reading import LOGICAL, SPLIT, WHOLE, Readers, check_rescale, check_shares, shown_workers
 from ._workerinit import LogicalWorkerInit
 from ..sources.sharded import LogicalShardStream, ShardedSource, merge_positions
 from ..errors import UnsupportedConfigError
@@ -29,13 +30,19 @@ _BASE_SETTINGS = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", 
 
 
 class StreamPosition:
-    """What the training loop took from each logical worker in this epoch, and where each resumes."""
+    """What the training loop took from each logical worker in this epoch, and where each resumes.
 
-    def __init__(self, num_logical: int) -> None:
-        self.num_logical = num_logical
+    An epoch resumed from a run with another ``num_workers`` keeps that run's logical workers
+    (``num_logical``, read as ``shown`` workers: see ``_shares``) until it ends; the next epoch starts
+    with this loader's own.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.own = (max(num_workers, 1), num_workers)
         self.reset()
 
     def reset(self) -> None:
+        self.num_logical, self.shown = self.own
         self.taken = [0] * self.num_logical
         self.snapshots: list[Optional[dict]] = [None] * self.num_logical  # where each logical worker starts
         self.rotation = 0
@@ -127,7 +134,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             self._reading = LOGICAL
         else:
             self._reading = WHOLE if self._sliced or ctx.world_size == 1 else SPLIT
-        self._position = StreamPosition(max(num_workers, 1))
+        self._position = StreamPosition(num_workers)
         self._generation = 0
         self._pass: Optional[tuple[int, int, list[WorkerStart]]] = None
         self.replayed_samples = 0
@@ -222,16 +229,19 @@ class IterableShardDataLoader(DataLoaderAdapter):
     def _open_pass(self) -> Iterator[tuple[tuple[int, int], Any]]:
         pos = self._position
         self._generation += 1
-        rotation = pos.next_rotation()
         starts = [
             WorkerStart(self._generation, w, self._epoch, pos.taken[w], pos.snapshots[w])
             for w in range(pos.num_logical)
         ]
-        self._pass = (self._generation, rotation, starts)
-        self._stream.start_pass(starts, rotation)
-        self._worker_generator.manual_seed(mix_seed(self._seed, _WORKER_SALT))  # workers add (epoch, logical id)
+        generator_seed = mix_seed(self._seed, _WORKER_SALT)  # workers add (epoch, logical id)
+        deals, holders = deal(starts, pos.next_rotation(), self._stream.readers, pos.shown,
+                              worker_base_seed(generator_seed))
+        self._pass = (self._generation, holders, starts)
+        self._stream.start_pass(deals, self._epoch)
+        self._worker_generator.manual_seed(generator_seed)
         for logical, number, batch in self._open_base():
-            yield (logical, number), batch
+            if logical is not None:  # not a MARKER, which stands for an empty slot
+                yield (logical, number), batch
 
     def _commit(self, token: tuple[int, int]) -> None:
         logical, number = token
@@ -245,14 +255,13 @@ class IterableShardDataLoader(DataLoaderAdapter):
         pos = self._position
         if self._pass is None:
             return list(pos.snapshots)
-        generation, rotation, starts = self._pass
+        generation, holders, starts = self._pass
         found = []
         for w, start in enumerate(starts):
             if pos.taken[w] == start.batches:
                 found.append(start.state)
             else:
-                physical = (w - rotation) % pos.num_logical
-                found.append(self._stream.snapshot_of(generation, w, physical, pos.taken[w]))
+                found.append(self._stream.snapshot_of(generation, w, holders[w], pos.taken[w]))
         return found
 
     def _position_state(self) -> dict:
@@ -261,6 +270,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             S.BATCHES_YIELDED: pos.batches,
             STREAM: {
                 "workers": pos.num_logical,
+                "num_workers": pos.shown,
                 "rotation": pos.next_rotation(),
                 "taken": list(pos.taken),
                 "snapshots": self._snapshots(),
@@ -287,7 +297,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             length = len(self.dataset)
         except TypeError:
             return -1
-        if self._sliced and self.num_workers > 1:
+        if self._sliced and self._position.num_logical > 1:
             steps = length // self.total_batch_size if self._drop_last else -(-length // self.total_batch_size)
             return (steps * self._per_rank) % self.total_batch_size
         return length % self.total_batch_size
@@ -304,17 +314,14 @@ class IterableShardDataLoader(DataLoaderAdapter):
         rescaled = self._rescaled(state_dict)
         if rescaled:
             check_rescale(state_dict[S.TOPOLOGY], state_dict[STREAM], self._reader_now(), where)
-        if not rescaled and saved.get("rank") != self.ctx.rank:
+        merged = self.elastic and rescaled
+        if saved.get("world_size") == self.ctx.world_size and not merged and saved.get("rank") != self.ctx.rank:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
                 f"{self.ctx.rank}; load each rank's own state"
             )
-        if not rescaled and stream.get("workers") != self._position.num_logical:
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the stream was read by {saved.get('num_workers')} workers per process and "
-                f"this loader has {self.num_workers}; each worker's position belongs to its share of the "
-                f"stream, so pass num_workers={saved.get('num_workers')}"
-            )
+        if not merged:
+            check_shares(stream, saved, self._stream, where)
         taken, snapshots = stream.get("taken"), stream["snapshots"]
         if not (isinstance(taken, list) and len(taken) == len(snapshots) == stream["workers"]):
             raise UnsupportedConfigError(f"cannot resume{where}: inconsistent stream position {stream!r}")
@@ -352,16 +359,19 @@ class IterableShardDataLoader(DataLoaderAdapter):
         if self.elastic and self._rescaled(state_dict):
             # Elastic: every part's position, dealt out again to this topology's readers from its own position.
             table = {"items": 0, "ended": False, "dataset": merge_positions(stream["snapshots"])}
-            pos.taken = [0] * pos.num_logical
+            pos.reset()
             pos.snapshots = [table] * pos.num_logical  # read only: each pass loads a copy (DatasetPosition.open)
             pos.rotation = 0
             return
         # Same topology, or one whole stream read by every rank on another number of processes: each logical
         # worker's stream position is global (a boundary of the global batches), so the new ranks slice the
         # next global batches at their own size from it.
+        pos.num_logical, pos.shown = stream["workers"], shown_workers(stream, state_dict[S.TOPOLOGY])
         pos.taken = list(stream["taken"])
         pos.snapshots = list(stream["snapshots"])
         pos.rotation = stream["rotation"]
+        if (pos.num_logical, pos.shown) != pos.own and not any(pos.taken):
+            pos.reset()  # an epoch not begun is read by this loader's own workers, as a fresh run reads it
         if not stream["stateful"]:
             self.replayed_samples = sum(s["items"] for s in pos.snapshots if s is not None and not s["ended"])
             if self.replayed_samples:
