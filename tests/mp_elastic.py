@@ -33,8 +33,8 @@ from streams import CountingStream
 SAMPLES, BATCH_SIZE, EPOCHS, SEED, ACCUMULATION = 53, 3, 4, 5, 2
 # map: map-style data, each rank its shard, each sample augmented through sample_rng; batch-sampler: a user's shuffled batch_sampler of varying batch
 # sizes, without workers (test_multiprocess runs it with two); stream: a stateful stream every rank reads whole
-# (dispatch_batches=False), read by one worker whenever the chain has workers (the worker count of such a
-# stream may not change; 0 and 1 both read it whole); recipe: torch's worker_init_fn sharding recipe under the
+# (dispatch_batches=False), read by one worker whenever the chain has workers (0 and 1 both read it whole;
+# other worker counts are dealt its saved worker shares, tests/test_stream_workers_elastic.py); recipe: torch's worker_init_fn sharding recipe under the
 # default dispatcher, an opaque stream fast-forwarded on resume, two persistent workers throughout. An opaque
 # stream read whole is rescaled in-process only (test_replicated_elastic.py): it resumes as the recipe does.
 # numpy-sampler: a user sampler that shuffles with NumPy's global RNG (its order is drawn under a scope seeded
