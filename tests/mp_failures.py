@@ -302,7 +302,9 @@ def saves_without_a_loader_of_this_package(out: Path, rank: int) -> dict:
     for path in (explicit, first):
         manifest = _files.read_manifest(path)
         check(manifest["num_loaders"] == 0 and manifest["ranks"] == [0, 1], f"{path}: {manifest}")
-    check(make(out / "auto", automatic=True).resume() == first, "resume() found the save made before prepare")
+    early = make(out / "auto", automatic=True)
+    error, _ = expect_same_failure(early.resume, LifecycleError, failing=0)
+    check("call it after" in str(error), f"resume() before prepare() says when to call it: {error}")
 
     model_only = make(out / "auto", automatic=True)
     model_of(model_only, 3.0)

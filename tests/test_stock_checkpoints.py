@@ -269,3 +269,25 @@ def test_an_explicit_stock_trainer_checkpoint_is_named_for_what_it_is(tmp_path, 
     line = next(r.getMessage() for r in caplog.records if "stock transformers.Trainer" in r.getMessage())
     assert "global_step 3" in line and "epoch 0, 3 batches" in line and "left as it is" in line
     assert resumed.state.global_step == 5
+
+
+@pytest.mark.parametrize("debris", [
+    pytest.param([], id="our-subfolder-only"),
+    pytest.param([".SAVE_STARTED.tmp123"], id="the-marker-half-written"),
+])
+def test_a_save_killed_while_writing_its_marker_is_ours_reused_and_resume_skips_it_silently(tmp_path, debris, caplog):
+    # The marker is the first thing a save writes, but writing it takes a mkdir and a rename: a kill between
+    # them leaves only this package's own subfolder, which must not make the folder look like someone else's.
+    accelerator, *_ = _parts(Accelerator, tmp_path, True)
+    root = tmp_path / "checkpoints"
+    first = accelerator.save_state()
+    sub = root / "checkpoint_1" / _files.SUBDIR
+    sub.mkdir(parents=True)
+    for name in debris:
+        (sub / name).write_bytes(b"")
+    assert not _ownership.is_foreign(root / "checkpoint_1") and _ownership.is_ours(root / "checkpoint_1")
+    again, *_ = _parts(Accelerator, tmp_path, True)
+    with caplog.at_level("WARNING"):
+        assert again.resume() == first
+    assert "did not write it" not in caplog.text
+    assert again.save_state() == root / "checkpoint_1" and _files.is_complete(root / "checkpoint_1")

@@ -2,8 +2,9 @@
 
 A save writes ``accelerate_stateful/SAVE_STARTED`` into its folder before anything else, and the manifest
 (``accelerate_stateful/MANIFEST.json``) last. So every folder a save of this package touched carries one of
-the two, even when the save was killed at its first file. A non-empty folder with neither was written by
-someone else (stock Accelerate or Trainer, the user): it is **foreign**. A foreign folder is never removed,
+the two, even when the save was killed at its first file; a save killed while writing the marker leaves
+nothing but this package's own subfolder, which is this package's too. A non-empty folder with none of these
+was written by someone else (stock Accelerate or Trainer, the user): it is **foreign**. A foreign folder is never removed,
 never reused and never written into, and the automatic numbering continues after it. An empty folder holds
 nothing to lose and counts as neither.
 
@@ -27,8 +28,13 @@ def marker(folder: Path) -> Path:
 
 
 def is_ours(folder: Path) -> bool:
-    """Whether a save of this package began in ``folder`` (its marker) or completed there (its manifest)."""
-    return _files.has_manifest(folder) or marker(folder).is_file()
+    """Whether a save of this package began in ``folder`` (its marker), completed there (its manifest), or was
+    killed while writing its marker (nothing in the folder but this package's own subfolder)."""
+    if _files.has_manifest(folder) or marker(folder).is_file():
+        return True
+    folder = Path(folder)
+    entries = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    return entries == [_files.SUBDIR]
 
 
 def is_foreign(folder: Path) -> bool:
