@@ -18,8 +18,11 @@ $(STAMP): setup.py
 
 install: $(STAMP)
 
+# Two pytest workers on 2 cores: the real multi-process launches one after another on one, every other test
+# file whole on either (tests/conftest.py). `make test PYTEST_WORKERS=0` runs everything in one process.
+PYTEST_WORKERS ?= auto
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # A wheel for your own project's environment: pip install "dist/accelerate_stateful-<version>-py3-none-any.whl[transformers]"
 dist: install

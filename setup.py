@@ -32,6 +32,6 @@ setup(
         # accelerate_stateful.transformers (StatefulTrainer, stateful(SFTTrainer)); tested with 5.23 and trl 1.16.
         "transformers": TRANSFORMERS,
         # `make test` pins the integrations to the versions the suite was written against.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "datasets>=3.0", *DOCS, "transformers==5.23.0", "trl==1.16.0"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "datasets>=3.0", *DOCS, "transformers==5.23.0", "trl==1.16.0"],
     },
 )

@@ -20,6 +20,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """With pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``): the launches of real processes run
+    one after another on one worker, first (they take longest and each uses the cores of several ranks), and
+    every other test file runs whole on one worker, its module fixtures once."""
+    launches = [item for item in items if item.get_closest_marker("multiprocess")]
+    others = [item for item in items if not item.get_closest_marker("multiprocess")]
+    for item in launches:
+        item.add_marker(pytest.mark.xdist_group("launches"))
+    for item in others:
+        item.add_marker(pytest.mark.xdist_group(item.path.name))
+    items[:] = launches + others
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Every ``save_state``/``load_state`` collects garbage once (``checkpoint._in_step``); the objects the
     imports made (torch, transformers: about 95 ms per full collection here) are set aside so that a
