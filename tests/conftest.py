@@ -23,7 +23,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     """With pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``): the launches of real processes run
     one after another on one worker, first (they take longest and each uses the cores of several ranks), and
-    every other test file runs whole on one worker, its module fixtures once."""
+    every other test file runs whole on one worker, its module fixtures once. In one process: as collected."""
+    if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
+        return
     launches = [item for item in items if item.get_closest_marker("multiprocess")]
     others = [item for item in items if not item.get_closest_marker("multiprocess")]
     for item in launches:
