@@ -109,18 +109,23 @@ def check_accelerate_files(ctx: DistContext, checkpoint: Path, manifest: dict) -
     def read() -> None:
         if manifest["world_size"] != ctx.world_size or name not in manifest["files"]:
             return  # another world size: agree_after_elastic_load sets what the new ranks lack
-        try:
-            states = accelerate_load(Path(checkpoint) / name)  # as Accelerate reads it
-            missing = sorted({"random_state", "numpy_random_seed", "torch_manual_seed"} - set(states))
-        except Exception as exc:  # whatever the unpickler raises: refused below with the file named
-            raise CheckpointError(
-                f"{Path(checkpoint) / name} cannot be read ({type(exc).__name__}: {exc}); Accelerate would skip "
-                "it and leave this process's random states and step unrestored; resume from another checkpoint"
-            ) from None
-        if missing:
-            raise CheckpointError(f"{Path(checkpoint) / name} lacks {missing}; resume from another checkpoint")
+        read_rng_file(Path(checkpoint) / name)
 
     agree(ctx, read)
+
+
+def read_rng_file(path: Path) -> None:
+    """Refuse a random-state file that Accelerate would skip (leaving the step and the RNG unrestored)."""
+    try:
+        states = accelerate_load(path)  # as Accelerate reads it
+        missing = sorted({"random_state", "numpy_random_seed", "torch_manual_seed"} - set(states))
+    except Exception as exc:  # whatever the unpickler raises: refused here with the file named
+        raise CheckpointError(
+            f"{path} cannot be read ({type(exc).__name__}: {exc}); Accelerate would skip it and leave this "
+            "process's random states and step unrestored; resume from another checkpoint"
+        ) from None
+    if missing:
+        raise CheckpointError(f"{path} lacks {missing}; resume from another checkpoint")
 
 
 def _sealed(root: Path) -> dict[int, Optional[str]]:

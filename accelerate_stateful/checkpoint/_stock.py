@@ -123,7 +123,7 @@ def check(ctx: DistContext, folder: Path, loaders: Sequence[Any]) -> list[Option
                 "(its random states are per process), then save: checkpoints of accelerate-stateful resume on "
                 "any number"
             )
-        _read_rng(folder / f"{RNG_STATE_NAME}_{ctx.rank}.pkl")
+        _resume.read_rng_file(folder / f"{RNG_STATE_NAME}_{ctx.rank}.pkl")
         found = sorted(p.name for p in Path(folder).glob("dl_state_dict*.bin"))
         if found and found != sorted(loader_file(i) for i in range(num_loaders)):
             raise CheckpointError(
@@ -149,20 +149,6 @@ def check(ctx: DistContext, folder: Path, loaders: Sequence[Any]) -> list[Option
             "single position continues every process exactly: resume from an earlier checkpoint"
         )
     return positions
-
-
-def _read_rng(path: Path) -> None:
-    """Accelerate skips a random-state file it cannot read, leaving the step and the RNG unrestored: refuse it."""
-    try:
-        states = accelerate_load(path)
-        missing = sorted({"random_state", "numpy_random_seed", "torch_manual_seed"} - set(states))
-    except Exception as exc:  # whatever the unpickler raises: refused here with the file named
-        raise CheckpointError(
-            f"{path} cannot be read ({type(exc).__name__}: {exc}); Accelerate would skip it and leave this "
-            "process's random states and step unrestored; resume from another checkpoint"
-        ) from None
-    if missing:
-        raise CheckpointError(f"{path} lacks {missing}; resume from another checkpoint")
 
 
 def _position(path: Path) -> StockPosition:
