@@ -1,16 +1,24 @@
 # One entry point for set-up, tests, the demo and the benchmarks.
 # Everything installs into a local virtual environment, so a fresh machine needs only Python.
-PYTHON ?= python3
+# CPython before 3.12 (before 3.11.10 / 3.10.15 / 3.9.20 on those lines) can hang or kill a DataLoader worker
+# forked in a distributed run (gh-112275: docs/reliability.md). The first interpreter free of it is used:
+# python3, python3.12, python3.13, then pyenv's 3.12 or later; with none, python3 (the package then warns).
+# Override with `make PYTHON=/path/to/python3`.
+FORK_SAFE := import sys; v = sys.version_info; sys.exit(not (v >= (3, 12) or v[2] >= {(3, 8): 20, (3, 9): 20, (3, 10): 15, (3, 11): 10}.get(v[:2], 99)))
+ifeq ($(origin PYTHON), undefined)
+PYTHON := $(shell for p in python3 python3.12 python3.13 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do $$p -c '$(FORK_SAFE)' >/dev/null 2>&1 && { echo $$p; exit; }; done; echo python3)
+endif
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
 VENV ?= .venv
 # Pinned: an unpinned torch pulls several GB of CUDA wheels. Override with `make TORCH_SPEC=torch==X.Y.Z`.
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-$(PYTHON_VERSION)
 
 .PHONY: install test test-fast demo demo-trainer bench docs docs-check torture soak dist clean
 
 $(STAMP): setup.py
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test]"

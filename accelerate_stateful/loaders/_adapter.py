@@ -16,6 +16,7 @@ from ..checkpoint import _refusals
 from .._context import DistContext
 from ._lifecycle import PASS, Lifecycle, check_entry
 from ._passes import PassHandle, Phase
+from ._forking import warn_if_unsafe
 from ._workers import shut_down, track
 from ..errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
 
@@ -69,6 +70,7 @@ class DataLoaderAdapter(Stateful):
         self.remainder = -1
         # Called when the loop asks for the batch after one it took (see ``_preemption``); None: no call.
         self.on_batch_returned: Optional[Callable[[], None]] = None
+        warn_if_unsafe(base_loader, ctx.world_size)
 
     # ----------------------------------------------------------------- public surface
     @property
