@@ -26,11 +26,9 @@ $(STAMP): setup.py
 
 install: $(STAMP)
 
-# One process by default (20 min on 2 cores). `make test PYTEST_WORKERS=2` takes 14 min: the real
-# multi-process launches one after another on one worker, every other test file whole on either
-# (tests/conftest.py); but the extra load makes the open problem of docs/reliability.md (a DataLoader worker
-# that dies or hangs at its start in a launch of several scenarios) frequent: 2 of 2 such runs hit it.
-PYTEST_WORKERS ?= 0
+# Two pytest workers (pytest-xdist): the real multi-process launches one after another on one worker, every
+# other test file whole on either (tests/conftest.py). `make test PYTEST_WORKERS=0` runs in one process.
+PYTEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
