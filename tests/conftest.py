@@ -21,7 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """With pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``): the launches of real processes run
+    """With pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): the launches of real processes run
     one after another on one worker, first (they take longest and each uses the cores of several ranks), and
     every other test file runs whole on one worker, its module fixtures once. In one process: as collected."""
     if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
