@@ -1,7 +1,8 @@
 """Reads the built site as a reader would: every page in headless Chromium, its figures, its console.
 
 Serves the site on 127.0.0.1 (a free port, loopback only), then for every page: it loads, has a title and
-text, every ``<img>`` loaded (``naturalWidth > 0``), no request failed, and nothing was written to the
+text, every ``<img>`` loaded (``naturalWidth > 0``), no code block runs off the column (wider than it
+scrolls), no request failed, and nothing was written to the
 console as an error or thrown. Screenshots of the landing, benchmark and architecture pages go to the
 screenshot folder (``site-check/`` by default, git-ignored). Exit status 0 when every page passes, 1 when
 one does not (each problem printed) or the browser fails, 2 when no browser is found.
@@ -199,7 +200,10 @@ _READ_PAGE = """
   const article = document.querySelector('article') || document.body;
   return {title: document.title, heading: (article.querySelector('h1') || {}).textContent || '',
           text: article.innerText.trim().length,
-          images: [...document.images].map(img => ({src: img.currentSrc || img.src, width: img.naturalWidth}))};
+          images: [...document.images].map(img => ({src: img.currentSrc || img.src, width: img.naturalWidth})),
+          overflowing: [...article.querySelectorAll('pre > code')]
+              .filter(code => code.scrollWidth > code.clientWidth + 1)
+              .map(code => code.innerText.split('\\n')[0].slice(0, 60))};
 })()
 """
 
@@ -239,6 +243,7 @@ def check_page(browser: Browser, session: str, url: str) -> PageReport:
     if not page.get("heading", "").strip() or page.get("text", 0) < 20:
         report.problems.append("no heading or no text: the page did not render")
     report.problems += [f"figure did not load: {img['src']}" for img in page.get("images", []) if img["width"] <= 0]
+    report.problems += [f"code block runs off the column: {first!r}" for first in page.get("overflowing", [])]
     time.sleep(0.2)  # let the last console messages of the load arrive (later ones: see check_site)
     report.problems += _problems_in(browser.take_events())
     return report
