@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import threading
 import time
 import weakref
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -58,24 +57,40 @@ def shut_down(base_iterator: Any, loader: Any = None) -> None:
 
 
 def stop_all(base_iterators: Iterable[Any], grace_s: float = GRACE_S) -> None:
-    """Ask every worker of ``base_iterators`` to stop, all at once; kill those still running after ``grace_s``."""
+    """Ask every worker of ``base_iterators`` to stop, all at once; kill those still running after ``grace_s``;
+    then let torch's own clean-up close the queues (its joins then find every worker ended).
+
+    No thread is started: at interpreter exit (Python 3.12 and later) none can be.
+    """
     stopping = []
     for base_iterator in base_iterators:
         workers = list(getattr(base_iterator, "_workers", ()))
         if workers and getattr(base_iterator, "_shutdown", True) is False:
-            asking = threading.Thread(target=base_iterator._shutdown_workers, name="accelerate-stateful-stop",
-                                      daemon=True)
-            asking.start()
-            stopping.append((base_iterator, workers, asking))
+            _ask(base_iterator)
+            stopping.append((base_iterator, workers))
     deadline = time.monotonic() + grace_s
-    for base_iterator, workers, asking in stopping:
+    for base_iterator, workers in stopping:
         late = _running_after(workers, deadline)
         if late:
             _unwatch(base_iterator)
             for worker in late:
                 _kill(worker.pid)
-        asking.join()
+        try:
+            base_iterator._shutdown_workers()
+        except RuntimeError:  # an end message that needs a queue thread at interpreter exit: every worker ended
+            base_iterator._shutdown = True
         _running.discard(base_iterator)
+
+
+def _ask(base_iterator: Any) -> None:
+    """What torch's clean-up sends first, without its joins: the end-of-work event and an end message per
+    worker (a worker between two waits sees the event; one waiting for work reads the message)."""
+    base_iterator._workers_done_event.set()
+    for index_queue in getattr(base_iterator, "_index_queues", ()):
+        try:
+            index_queue.put(None)
+        except (RuntimeError, ValueError, OSError):  # no queue thread at interpreter exit, or a closed queue
+            pass
 
 
 def end_all() -> None:
