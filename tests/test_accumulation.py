@@ -105,13 +105,14 @@ def test_a_gradient_for_another_model_is_refused_with_the_fix(tmp_path):
         other.load_state(tmp_path / "ckpt")
 
 
-def test_a_sharded_gradient_is_refused_at_save_time_with_the_opt_out():
-    model = torch.nn.Linear(2, 2)
-    model.weight.grad = torch.zeros(2, 2).to_sparse()
-    from accelerate_stateful.training._accumulation import write_gradients
-    with pytest.raises(UnsupportedConfigError, match=r"cannot carry the partial gradient of model_0/weight.*"
-                                                     r"carry_gradients=False"):
-        write_gradients(Path("unused"), 0, [model])
+def test_a_gradient_that_cannot_be_carried_is_refused_at_the_entry_before_anything_is_written(tmp_path):
+    accelerator, model, optimizer, dl = start()
+    micro_steps(accelerator, model, optimizer, dl, 1)
+    model[0].weight.grad = torch.zeros(4, 3).to_sparse()
+    with pytest.raises(UnsupportedConfigError, match=r"cannot carry the partial gradient of model_0/0.weight.*"
+                                                     r"sync_gradients is True.*carry_gradients=False"):
+        accelerator.save_state(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
 
 
 @pytest.mark.parametrize("saved_world,world", [(2, 3), (3, 1), (2, 1)])
