@@ -133,3 +133,25 @@ def test_an_elastic_resume_gives_every_rank_the_mean_of_the_saved_partial_sums(t
     del files[gradient_file(tmp_path, 0).relative_to(tmp_path).as_posix()]
     with pytest.raises(CheckpointError, match=r"partial gradients for ranks \[1.*not in the same place"):
         read_gradients(tmp_path, manifest, 0, world, [model])
+
+
+def test_the_carry_is_sized_when_written_and_by_inspect(tmp_path, caplog):
+    from cli_run import cli_json, run_cli
+
+    accelerator, model, optimizer, dl = start()
+    micro_steps(accelerator, model, optimizer, dl, 1)
+    with caplog.at_level("WARNING", logger="accelerate_stateful.accelerator"):
+        accelerator.save_state(tmp_path / "inside")
+    tensor_bytes = 4 * sum(p.numel() for p in model.parameters())  # float32 .grad of every parameter
+    assert f"partial gradient of the accumulation window in {tmp_path / 'inside'}: {tensor_bytes} B" in caplog.text
+    carry = cli_json("inspect", tmp_path / "inside")["gradient_carry"]
+    assert carry == {"bytes": tensor_bytes, "ranks": [{"rank": 0, "bytes": tensor_bytes, "kinds": ["grad"]}]}
+    text = run_cli("inspect", tmp_path / "inside")[1]
+    assert f"gradients   {tensor_bytes} B carried from inside an accumulation window" in text
+
+    micro_steps(accelerator, model, optimizer, dl, 1)  # the window ends: nothing to carry
+    caplog.clear()
+    accelerator.save_state(tmp_path / "boundary")
+    assert "partial gradient" not in caplog.text
+    assert cli_json("inspect", tmp_path / "boundary")["gradient_carry"] is None
+    assert "gradients   none carried" in run_cli("inspect", tmp_path / "boundary")[1]

@@ -137,13 +137,10 @@ def size_line(sizes: list[int], checkpoint: Path) -> Optional[str]:
     """One line saying what the carry of every rank costs, or ``None`` when nothing was carried."""
     if not any(sizes):
         return None
-    per_rank = ", ".join(_megabytes(size) for size in sizes)
-    return (f"saved the partial gradient of the accumulation window in {checkpoint}: {_megabytes(sum(sizes))} "
-            f"({per_rank} per rank); save when accelerator.sync_gradients is True to write none")
-
-
-def _megabytes(size: int) -> str:
-    return f"{size / 1e6:.1f} MB"
+    per_rank = ", ".join(_files.human_size(size) for size in sizes)
+    return (f"saved the partial gradient of the accumulation window in {checkpoint}: "
+            f"{_files.human_size(sum(sizes))} ({per_rank} per rank); a save when accelerator.sync_gradients is "
+            "True carries none")
 
 
 def _fsdp2_suffix(key: str) -> str:
