@@ -103,3 +103,19 @@ def _seeded() -> tuple:
     random.seed(0)
     np.random.seed(0)
     return rng_states()
+
+
+@pytest.mark.parametrize("kind", ["dispatch", "shard"])
+@pytest.mark.parametrize("saved_workers,workers", [(0, 2), (2, 0)])
+def test_on_another_num_workers_the_interrupted_epoch_draws_what_it_drew(kind, saved_workers, workers):
+    """Each logical worker's (or the main process's) stream continues from its own recorded RNG states."""
+    set_rng_states(_seeded())
+    reference, _ = train(factory(kind, AugmentedCounting, saved_workers, 1, 0)())
+    per_epoch = -(-SIZE // 2)
+    set_rng_states(_seeded())
+    first, saved = train(factory(kind, AugmentedCounting, saved_workers, 1, 0)(), stop=2)
+    loader = factory(kind, AugmentedCounting, workers, 1, 0)()
+    loader.load_state_dict(through_files(saved[0], 0))
+    set_rng_states(saved[1])
+    rest, _ = train(loader, taken=2)
+    assert [step[0] for step in first + rest][:per_epoch] == [step[0] for step in reference][:per_epoch]
