@@ -1,16 +1,21 @@
 """The partial gradient of an accumulation window, carried across a save.
 
 Between two micro-steps of ``accelerator.accumulate`` every rank holds its own
-partial sum in each parameter's ``.grad`` (gradient sync is off inside the
-window), and Accelerate's checkpoint holds weights, optimizer, scheduler, RNG
-and the accumulation step but not that sum: the step completing the window
-would differ after a resume. The rule: **a checkpoint holds every ``.grad``
-that exists when it is saved, per rank**, and loading it puts exactly those
-back (and clears any other), so the restored process is the saved one.
+partial sum (gradient sync is off inside the window), and Accelerate's
+checkpoint holds weights, optimizer, scheduler, RNG and the accumulation step
+but not that sum: the step completing the window would differ after a resume.
+The rule: **a checkpoint holds every gradient state that exists when it is
+saved, per rank, where the framework keeps it** (a parameter's ``.grad``; under
+FSDP2 its own states, ``_fsdp2``), and loading puts exactly those back (and
+clears any other), so the restored process is the saved one. Where a framework
+keeps it out of reach (DeepSpeed ZeRO-2/3, FSDP1), a save inside a window is
+refused. The carry is taken, or refused, at ``save_state``'s entry on every
+rank (:func:`take`), before anything is written.
 
 Layout: ``<checkpoint>/accelerate_stateful/gradients.rank_<r>.safetensors``,
 keys ``model_<i>/<parameter name>`` (names of the unwrapped model, so they do
-not depend on the DDP wrapper). Nothing is written when no parameter has a
+not depend on the DDP wrapper; FSDP2's states add ``@unsharded``,
+``@accumulated`` or ``@shard``). Nothing is written when no parameter has a
 gradient (a save at a window boundary, after ``zero_grad``). The manifest,
 written last, lists these files with their hashes, so a checkpoint missing one
 is incomplete. ``Accelerator(carry_gradients=False)`` writes none.
@@ -54,10 +59,6 @@ class Carry:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-    @property
-    def sharded(self) -> bool:
-        return any(_fsdp2_suffix(key) for key in self.tensors)
 
 
 def take(ctx: DistContext, accelerator: Any) -> Optional[Carry]:
