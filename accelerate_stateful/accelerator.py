@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import accelerate
+from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import _teardown
@@ -59,8 +60,10 @@ class Accelerator(accelerate.Accelerator):
         pipeline_rng: How randomness drawn in a map-style dataset's ``__getitem__`` is reproduced after a
             resume: ``"auto"`` (default: seeded per batch in workers), ``"batch"``, ``"sample"`` or ``"off"``;
             see ``docs/exactness.md``.
-        carry_gradients: Save the partial gradient of an accumulation window (each rank's ``.grad``) in
-            every checkpoint taken inside one, and restore it on load (default). ``False`` writes none.
+        carry_gradients: Save the partial gradient of an accumulation window (each rank's ``.grad``, or the
+            states FSDP2 keeps) in every checkpoint taken inside one, and restore it on load (default); a save
+            inside a window under DeepSpeed ZeRO-2/3 or FSDP1, which keep it out of reach, is refused.
+            ``False`` writes none and refuses nothing.
         *args: Positional arguments of ``accelerate.Accelerator``.
         **kwargs: Everything else ``accelerate.Accelerator`` accepts.
     """
@@ -72,6 +75,17 @@ class Accelerator(accelerate.Accelerator):
         super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
+    def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:
+        """Accelerate's ``prepare``; refused under Megatron-LM, whose path would bypass this package."""
+        if self.use_stateful_dataloader and self.distributed_type == DistributedType.MEGATRON_LM:
+            raise UnsupportedConfigError(
+                "accelerate-stateful cannot resume data under Megatron-LM: Accelerate prepares its data loaders "
+                "with its own Megatron path (and reads a batch while preparing), so no position would be saved; "
+                "train with DDP, FSDP2 or DeepSpeed, or pass DataLoaderConfiguration(use_stateful_dataloader=False) "
+                "to use Accelerate's own loaders"
+            )
+        return super().prepare(*args, device_placement=device_placement)
+
     def prepare_data_loader(
         self, data_loader: DataLoader, device_placement: Optional[bool] = None, slice_fn_for_dispatch: Any = None
     ) -> Any:
@@ -149,6 +163,7 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "save_state")
         _in_step.settle(ctx, self.stateful_loaders, "accelerator.save_state()")
+        carry = _accumulation.take(ctx, self)
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
@@ -164,14 +179,16 @@ class Accelerator(accelerate.Accelerator):
             rel: entry for index, content in enumerate(contents)
             for rel, entry in _files.write_encoded(output_dir, index, self.process_index, content).items()
         })
-        if self.carry_gradients:
+        if carry is not None:
             grads = _checkpoints.agree(
-                ctx, lambda: _accumulation.write_gradients(output_dir, self.process_index, self._unwrapped_models())
-            )
+                ctx, lambda: _accumulation.write_gradients(output_dir, self.process_index, carry))
             if grads is not None:
                 entries[grads.relative_to(output_dir).as_posix()] = _files.file_entry(grads)
         _checkpoints.seal(ctx, output_dir, num_loaders=len(loaders), entries=entries, root=root,
                           keep=config.total_limit)
+        line = carry and _accumulation.size_line(carry.sizes, output_dir)
+        if line and self.is_main_process:
+            logger.warning(line)
         if number is not None:
             config.iteration = number + 1
         return output_dir

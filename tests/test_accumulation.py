@@ -105,13 +105,14 @@ def test_a_gradient_for_another_model_is_refused_with_the_fix(tmp_path):
         other.load_state(tmp_path / "ckpt")
 
 
-def test_a_sharded_gradient_is_refused_at_save_time_with_the_opt_out():
-    model = torch.nn.Linear(2, 2)
-    model.weight.grad = torch.zeros(2, 2).to_sparse()
-    from accelerate_stateful.training._accumulation import write_gradients
-    with pytest.raises(UnsupportedConfigError, match=r"cannot carry the partial gradient of model_0/weight.*"
-                                                     r"carry_gradients=False"):
-        write_gradients(Path("unused"), 0, [model])
+def test_a_gradient_that_cannot_be_carried_is_refused_at_the_entry_before_anything_is_written(tmp_path):
+    accelerator, model, optimizer, dl = start()
+    micro_steps(accelerator, model, optimizer, dl, 1)
+    model[0].weight.grad = torch.zeros(4, 3).to_sparse()
+    with pytest.raises(UnsupportedConfigError, match=r"cannot carry the partial gradient of model_0/0.weight.*"
+                                                     r"sync_gradients is True.*carry_gradients=False"):
+        accelerator.save_state(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
 
 
 @pytest.mark.parametrize("saved_world,world", [(2, 3), (3, 1), (2, 1)])
@@ -132,3 +133,25 @@ def test_an_elastic_resume_gives_every_rank_the_mean_of_the_saved_partial_sums(t
     del files[gradient_file(tmp_path, 0).relative_to(tmp_path).as_posix()]
     with pytest.raises(CheckpointError, match=r"partial gradients for ranks \[1.*not in the same place"):
         read_gradients(tmp_path, manifest, 0, world, [model])
+
+
+def test_the_carry_is_sized_when_written_and_by_inspect(tmp_path, caplog):
+    from cli_run import cli_json, run_cli
+
+    accelerator, model, optimizer, dl = start()
+    micro_steps(accelerator, model, optimizer, dl, 1)
+    with caplog.at_level("WARNING", logger="accelerate_stateful.accelerator"):
+        accelerator.save_state(tmp_path / "inside")
+    tensor_bytes = 4 * sum(p.numel() for p in model.parameters())  # float32 .grad of every parameter
+    assert f"partial gradient of the accumulation window in {tmp_path / 'inside'}: {tensor_bytes} B" in caplog.text
+    carry = cli_json("inspect", tmp_path / "inside")["gradient_carry"]
+    assert carry == {"bytes": tensor_bytes, "ranks": [{"rank": 0, "bytes": tensor_bytes, "kinds": ["grad"]}]}
+    text = run_cli("inspect", tmp_path / "inside")[1]
+    assert f"gradients   {tensor_bytes} B carried from inside an accumulation window" in text
+
+    micro_steps(accelerator, model, optimizer, dl, 1)  # the window ends: nothing to carry
+    caplog.clear()
+    accelerator.save_state(tmp_path / "boundary")
+    assert "partial gradient" not in caplog.text
+    assert cli_json("inspect", tmp_path / "boundary")["gradient_carry"] is None
+    assert "gradients   none carried" in run_cli("inspect", tmp_path / "boundary")[1]

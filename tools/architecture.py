@@ -64,6 +64,9 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_reading.py": "how the processes read a stream (whole, by shard, logical shards); " + _PLUMBING,
     "loaders/_workerinit.py": "a user's worker_init_fn sees the user's dataset; " + _PLUMBING,
     "loaders/_shares.py": "a stream's logical workers dealt to another num_workers; " + _PLUMBING,
+    "loaders/_stream_rng.py": "a stream's own global RNG states, seeded per pass and recorded per batch; "
+                              + _PLUMBING,
+    "training/_fsdp2.py": "where FSDP2 keeps the partial gradient, for training/_accumulation (docs/exactness.md)",
     "loaders/_ordered.py": "the in_order=False refusal every variant applies",
     "position/_seeds.py": "mix_seed: seeds derived from the loader's seed, used by every box that draws",
     "position/_sampler_rng.py": "a user sampler's own RNGs reseeded per epoch, and the order's fingerprint (part of "
@@ -85,6 +88,7 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_report.py": "the command line's tables and JSON (docs/cli.md)",
     "cli/_loaders.py": "the command line rebuilds the loaders to answer samples (docs/cli.md)",
     "cli/_diff.py": "the command line's diff (docs/cli.md)",
+    "cli/_carry.py": "the command line's size of a carried gradient, without torch (docs/cli.md)",
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "sources/_merge.py": "merging logical-shard positions, shared by the loaders and the command line",

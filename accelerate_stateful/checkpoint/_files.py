@@ -161,6 +161,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def human_size(size: int) -> str:
+    """``size`` bytes in words: ``"512 B"``, ``"1.5 kB"``, ``"40.0 MB"``, ``"2.24 GB"`` (powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{size} B"
+
+
 def file_entry(path: Path) -> dict:
     """A manifest entry (size, sha256) for a file this process has just written."""
     return {"size": Path(path).stat().st_size, "sha256": _sha256(path)}

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional
 
 from ..checkpoint import _files
 from ..checkpoint import _state as S
+from ._carry import carry_line, describe_carry
 from ._position import KINDS, is_map_style, map_position, with_reader
 from ._read import Checkpoint, UnreadableCheckpoint
 from ..errors import StatefulLoaderError
@@ -32,6 +33,7 @@ def describe(ckpt: Checkpoint) -> dict:
         "world_size": ckpt.world_size,
         "num_loaders": ckpt.num_loaders,
         "loaders": [_loader(ckpt, index) for index in range(ckpt.num_loaders)],
+        "gradient_carry": describe_carry(ckpt.path, ckpt.manifest),
     }
 
 
@@ -136,6 +138,7 @@ def format_report(report: dict) -> str:
     """A compact table per loader: batches are this rank's, samples are all ranks' together."""
     lines = [f"checkpoint  {report['checkpoint']}", f"complete    {_status(report)}"]
     lines += [f"  problem: {p['message']}" for p in report["problems"]]
+    lines.append(carry_line(report["gradient_carry"]))
     for loader in report["loaders"]:
         reads = f" reading {loader['reads']}" if loader["reads"] else ""
         config = ", ".join(f"{k}={v}" for k, v in sorted((loader["config"] or {}).items()))

@@ -18,27 +18,20 @@ continuing the main process's stream, the main process continuing a worker's), r
 its own copy of the dataset and, around every read, makes ``get_worker_info()`` report that share as
 the uninterrupted run's worker (``id``, ``num_workers``, ``seed``, the copy), or ``None`` for the main
 process's stream, and swaps in the share's own ``torch``/``random``/``numpy`` global RNG states,
-seeded as that worker's were at the start of the pass.
+seeded as that worker's (or the main process's stream's) were at the start of the pass (``_stream_rng``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import random
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import torch
 
 from ._channels import WorkerStart
+from ._stream_rng import OwnRNG
 from ..position._order import mix_seed
-from ..training._rng import seed_globals
-
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy is a dependency of torch's usual installs
-    np = None
 
 MARKER = (None, 0, None)  # an item that stands for an empty or ended slot; the main process drops it
 
@@ -87,7 +80,7 @@ def play(stream: Any, deal_: Deal, physical: Optional[int]) -> Iterator[Any]:
 
 
 class _Share:
-    """One logical worker read in this process: its dataset copy, its view and its RNG states."""
+    """One logical worker read in this process: its dataset copy, its view and its own RNG states."""
 
     def __init__(self, stream: Any, start: WorkerStart, deal_: Deal) -> None:
         if stream.stateful:
@@ -97,15 +90,12 @@ class _Share:
             position, dataset = None, copy.deepcopy(stream.dataset)
         self.ended = False
         self._info: Any = None
-        self._rng: Optional[tuple] = None
+        seed = mix_seed(deal_.base_seed, start.epoch, start.logical)
         if deal_.shown_workers > 0:
             from torch.utils.data._utils.worker import WorkerInfo
 
-            seed = mix_seed(deal_.base_seed, start.epoch, start.logical)
             self._info = WorkerInfo(id=start.logical, num_workers=deal_.shown_workers, seed=seed, dataset=dataset)
-            with _swapped_rng(None):
-                seed_globals(seed)
-                self._rng = _rng_states()
+        self._rng = OwnRNG(seed)
         self._batches = stream.share_batches(start, dataset, position)
 
     def next(self) -> Optional[Any]:
@@ -115,37 +105,9 @@ class _Share:
         outer_info = torch_worker._worker_info
         torch_worker._worker_info = self._info
         try:
-            with _swapped_rng(self):
+            with self._rng.active():
                 item = next(self._batches, None)
         finally:
             torch_worker._worker_info = outer_info
         self.ended = item is None
         return item
-
-
-@contextlib.contextmanager
-def _swapped_rng(share: Optional[_Share]) -> Iterator[None]:
-    """Run with ``share``'s RNG states (kept afterwards); restore the process's own on exit."""
-    if share is not None and share._rng is None:  # the main process's stream: its RNGs are the process's
-        yield
-        return
-    outer = _rng_states()
-    if share is not None:
-        _set_rng_states(share._rng)
-    try:
-        yield
-    finally:
-        if share is not None:
-            share._rng = _rng_states()
-        _set_rng_states(outer)
-
-
-def _rng_states() -> tuple:
-    return torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None
-
-
-def _set_rng_states(states: tuple) -> None:
-    torch.set_rng_state(states[0])
-    random.setstate(states[1])
-    if np is not None:
-        np.random.set_state(states[2])

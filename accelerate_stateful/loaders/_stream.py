@@ -36,7 +36,9 @@ from typing import Any, Callable, Iterator, Optional
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._channels import Channels, Ring, WorkerStart
+from . import _stream_rng
 from ._shares import Deal, play
+from ._stream_rng import own_rng
 from ..position._order import mix_seed
 from ..training._rng import seed_globals
 from ._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
@@ -157,7 +159,8 @@ class StreamDataset(IterableDataset):
             dealt = self._local_deal or Deal(0, [WorkerStart(generation=0, logical=0)], 0, 0)
             if not dealt.plain(in_worker=False):
                 return play(self, dealt, None)
-            return self._batches(dealt.slots[0], None)
+            start = dealt.slots[0]
+            return own_rng(self._batches(start, None), mix_seed(dealt.base_seed, start.epoch, start.logical))
         dealt = self._channels.instruction(info.id, self._floor)
         self._channels.serve(info.id, self._ring)
         if not dealt.plain(in_worker=True):
@@ -213,6 +216,8 @@ class StreamDataset(IterableDataset):
         for _ in itertools.islice(stream, skip):  # opaque source: fast-forward, counted as replayed
             pass
         read[0] = skip
+        if state is not None and "rng" in state:  # the stream's RNGs as they were after that batch
+            _stream_rng.apply(state["rng"])
 
         def counted() -> Iterator[Any]:
             for item in stream:
@@ -223,7 +228,7 @@ class StreamDataset(IterableDataset):
 
     def _snapshot(self, read: list, memo: dict, ended: bool, position: Optional[DatasetPosition]) -> dict:
         """The position after this batch; the parts it holds are never changed afterwards."""
-        snapshot: dict = {"items": read[0], "ended": ended}
+        snapshot: dict = {"items": read[0], "ended": ended, "rng": _stream_rng.record()}
         if position is not None:
             snapshot.update(position.record())
         if memo.get("first") is not None:

@@ -1,0 +1,96 @@
+"""The global RNGs a stream draws from while it is read: its own, seeded per pass, recorded after each batch.
+
+An iterable dataset that augments (``torch.rand``, ``random``, ``numpy.random`` in ``__iter__``) draws from the
+global RNGs of the process that reads it. The rule: **a stream draws from RNG states of its own — seeded at
+the start of each pass from (the pass's base seed, the epoch, the logical worker) — and the state of a stream
+after a batch includes those RNG states**, so a resume puts them back with the dataset's position.
+
+- In a worker, the worker's process RNGs are the stream's (``_stream._play_worker`` seeds them per pass).
+- In the main process (``num_workers=0``, the dispatcher's reader), the process's RNGs are also the training
+  loop's (dropout) and are saved by Accelerate at the loop's point, while the loader reads one batch ahead:
+  the stream would draw its next batch from the loop's stream before the save, and again after the resume.
+  Here :class:`OwnRNG` holds the stream's states and swaps them in around every read, so neither stream sees
+  the other's draws and the read-ahead does not matter.
+- :func:`record` is taken right after each batch's last item, where the batch's snapshot is taken; on resume
+  :func:`apply` restores it once the dataset is positioned (after a fast-forward, which draws again what the
+  saved run drew, so the two agree).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from typing import Any, Iterator
+
+import torch
+
+from ..training._rng import seed_globals
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is a dependency of torch's usual installs
+    np = None
+
+
+def states() -> tuple:
+    return torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None
+
+
+def set_states(saved: tuple) -> None:
+    torch.set_rng_state(saved[0])
+    random.setstate(saved[1])
+    if np is not None:
+        np.random.set_state(saved[2])
+
+
+class OwnRNG:
+    """The ``torch``, ``random`` and ``numpy`` global RNG states of one stream, kept apart from the process's."""
+
+    def __init__(self, seed: int) -> None:
+        outer = states()
+        seed_globals(seed)
+        self.states = states()
+        set_states(outer)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Run with the stream's states (kept afterwards); the process's own are restored on exit."""
+        outer = states()
+        set_states(self.states)
+        try:
+            yield
+        finally:
+            self.states = states()
+            set_states(outer)
+
+
+def own_rng(items: Iterator[Any], seed: int) -> Iterator[Any]:
+    """``items``, each read with the stream's own RNG states (see the module docstring)."""
+    rng = OwnRNG(seed)
+    while True:
+        with rng.active():
+            item = next(items, None)
+        if item is None:
+            return
+        yield item
+
+
+def record() -> dict:
+    """The global RNG states now, in types a checkpoint holds (tensors, lists, numbers)."""
+    torch_state, random_state, numpy_state = states()
+    found = {"torch": torch_state.clone(), "random": [random_state[0], list(random_state[1]), random_state[2]]}
+    if numpy_state is not None:
+        name, keys, pos, has_gauss, gauss = numpy_state
+        found["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]
+    return found
+
+
+def apply(saved: dict) -> None:
+    """Set the global RNGs to a :func:`record`."""
+    torch.set_rng_state(saved["torch"])
+    version, internal, gauss = saved["random"]
+    random.setstate((version, tuple(internal), gauss))
+    if np is not None and "numpy" in saved:
+        name, keys, pos, has_gauss, gauss = saved["numpy"]
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+        np.random.set_state((name, keys.astype(np.uint32), pos, has_gauss, gauss))
