@@ -8,7 +8,12 @@ DOCS = [
     "matplotlib>=3.7,<4",
 ]
 
-TRANSFORMERS = ["transformers>=5.0,<6", "trl>=1.0,<2"]
+# Every floor below is tested: `nox -s floor` runs the oldest admitted release of each (noxfile.py FLOOR),
+# `nox -s newest` the newest on PyPI, `make test` the whole suite on the pinned set (docs/compatibility.md).
+# transformers 5.3 is the first 5.x whose Trainer has what the integration relies on (_run_epoch, ...).
+TRANSFORMERS = ["transformers>=5.3,<6", "trl>=1.0,<2"]
+# The Accelerate release `make test` and the conformance run (tools/accelerate_conformance.py) pin.
+PINNED = ["accelerate==1.15.0", "torchdata==0.11.0", "safetensors==0.8.0"]
 
 setup(
     name="accelerate-stateful",
@@ -19,19 +24,23 @@ setup(
     packages=find_packages(include=["accelerate_stateful", "accelerate_stateful.*"]),
     python_requires=">=3.9",
     install_requires=[
-        # Tested with torch 2.13, accelerate 1.15, torchdata 0.11, safetensors 0.8.
-        "torch>=2.4",
-        "accelerate>=1.4,<2",
+        # Pinned set (make test): torch 2.13, accelerate 1.15, torchdata 0.11, safetensors 0.8.
+        "torch>=2.6",
+        # 1.8 is the first whose load_state takes load_kwargs.
+        "accelerate>=1.8,<2",
         "torchdata>=0.10",
-        "safetensors>=0.4",
+        "safetensors>=0.4.3",
     ],
     entry_points={"console_scripts": ["accelerate-stateful = accelerate_stateful.cli:main"]},
     extras_require={
         # `make docs`: the site (mkdocs.yml), its API reference, and the figures (benchmarks/plot.py).
         "docs": DOCS,
-        # accelerate_stateful.transformers (StatefulTrainer, stateful(SFTTrainer)); tested with 5.23 and trl 1.16.
+        # accelerate_stateful.transformers (StatefulTrainer, stateful(SFTTrainer)); pinned: 5.23 and trl 1.16.
         "transformers": TRANSFORMERS,
+        # `nox -s conformance`: Accelerate's own tests (fetched from its sdist at run time) with our Accelerator.
+        "conformance": ["pytest>=8", "pytest-timeout>=2.3", "parameterized", "psutil", "datasets>=4.7", *PINNED],
         # `make test` pins the integrations to the versions the suite was written against.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "datasets>=3.0", *DOCS, "transformers==5.23.0", "trl==1.16.0"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "datasets>=4.7", *DOCS, *PINNED,
+                 "transformers==5.23.0", "trl==1.16.0"],
     },
 )

@@ -72,6 +72,7 @@ class Accelerator(accelerate.Accelerator):
         _rng.check_mode(pipeline_rng)
         self.pipeline_rng = pipeline_rng
         self.carry_gradients = carry_gradients
+        self._preemption_requests: list[_preemption.PreemptionRequest] = []
         super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
@@ -272,7 +273,24 @@ class Accelerator(accelerate.Accelerator):
         calls ``save_state()`` and the process exits with status 143 (``PREEMPTED_EXIT_CODE``). Running the
         same command (with ``resume()``) continues exactly. See ``docs/trainer.md#preemption``.
         """
-        return _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
+        request = _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
+        self._preemption_requests.append(request)
+        return request
+
+    def free_memory(self, *objects: Any) -> list:
+        """Accelerate's ``free_memory`` (alias ``clear``), and what this package tied to the prepared objects.
+
+        The signal handlers of ``checkpoint_on_preemption`` give the signals back to their earlier handlers, and
+        each prepared loader stops calling into this accelerator. Nothing of this package then holds a prepared
+        model, optimizer, scheduler or loader: each is freed when the program drops its last reference
+        (``docs/lifecycle.md#freeing-memory-between-runs``).
+        """
+        for request in self._preemption_requests:
+            request.uninstall()
+        self._preemption_requests = []
+        for loader in self.stateful_loaders:
+            loader.on_batch_returned = None
+        return super().free_memory(*objects)
 
     # ----------------------------------------------------------------- internals
     def _ready_to_load(self, ctx: DistContext, call: str) -> None:

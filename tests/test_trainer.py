@@ -34,7 +34,7 @@ def test_a_transformers_without_what_it_relies_on_is_refused_naming_the_supporte
         monkeypatch.delattr(integration.Trainer, "_run_epoch")
     else:
         monkeypatch.setattr(integration.Trainer, "_init_training_state", lambda self, max_steps, trial: None)
-    with pytest.raises(UnsupportedConfigError, match=r"supports transformers >= 5\.0, < 6.*Install a supported"):
+    with pytest.raises(UnsupportedConfigError, match=r"supports transformers >= 5\.3, < 6.*Install a supported"):
         check_transformers()
 
 

@@ -18,7 +18,7 @@ from transformers import Trainer
 
 from ..errors import UnsupportedConfigError
 
-SUPPORTED_TRANSFORMERS = "transformers >= 5.0, < 6 (tested with 5.23)"
+SUPPORTED_TRANSFORMERS = "transformers >= 5.3, < 6 (tested with 5.3, 5.23 and 5.24)"
 # What this module relies on inside transformers.trainer, checked by check_transformers().
 MODULE_NAMES = ("Accelerator", "skip_first_batches", "rotate_checkpoints")
 PRIVATE_METHODS = {
