@@ -17,9 +17,11 @@ def test_settle_waits_until_the_gloo_threads_are_idle_after_a_collective(tmp_pat
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        assert _teardown._gloo_threads(), "a gloo process group runs worker threads"
         for _ in range(20):
             dist.all_reduce(torch.ones(1000))  # each work holds a tensor with a Python object
+        # Looked for after the collectives: a worker thread names itself when it first runs, which on a loaded
+        # machine can be after init_process_group has returned; a collective is done only once one has run.
+        assert _teardown._gloo_threads(), "a gloo process group runs worker threads"
         assert _teardown.settle(limit_s=5.0) is True
     finally:
         dist.destroy_process_group()
