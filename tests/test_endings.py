@@ -216,8 +216,12 @@ ENDING = textwrap.dedent("""
     if how == "exit":
         sys.exit(3)
     if how == "interrupt":
+        # Process-directed, as Ctrl-C is: any thread may take it, and the main thread raises KeyboardInterrupt
+        # at its next bytecode. One long sleep would have none until it returned, and then the interpreter
+        # would already be finalizing and drop the signal (status 0: seen once on a loaded machine).
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(60)
+        for _ in range(600):
+            time.sleep(0.1)
 """)
 
 
