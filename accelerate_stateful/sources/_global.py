@@ -1,0 +1,186 @@
+"""A global sequence: the one order of items a source produces on every topology.
+
+The package's composable sources (a mixture, a packer, a shuffle buffer) are
+global sequences. Item ``k`` is a pure function of the source's settings, its
+seed, the epoch, ``k`` and the sources below it; nothing depends on the rank,
+the number of ranks or the number of workers. That is what makes them elastic:
+a position saved on one topology names the same point of the same sequence on
+any other.
+
+A composition (``Packed(Mixture(...))``) reads its children whole through
+cursors (:func:`open_source`). Only the outermost source, iterated by a
+``DataLoader`` worker, splits the sequence: worker ``w`` of ``n`` keeps the
+items ``k`` with ``k % n == w`` and reads the others without keeping them, so
+every worker's children stay at the sequence's own position. The worker is the
+one ``get_worker_info()`` reports, which under a prepared loader is the
+*logical* worker (see ``loaders/_stream``), so a share resumed by another
+number of workers keeps its items.
+
+State follows torchdata's ``Stateful`` contract: ``state_dict()`` is the
+position after the last item handed out (before any, the loaded or the
+starting position); ``load_state_dict()`` makes the *next* ``iter()`` start
+there; an ``iter()`` with nothing loaded starts the epoch's sequence from its
+beginning. States are plain JSON-able data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any, Iterator, Optional, Protocol
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..errors import CheckpointError, UnsupportedConfigError
+
+
+class Cursor(Protocol):
+    """An iterator over a sequence that can say where it is."""
+
+    def __next__(self) -> Any: ...
+
+    def position(self) -> Any:
+        """A JSON-able position: opening the sequence there continues right after the last item returned."""
+
+
+@contextlib.contextmanager
+def hidden_worker_info() -> Iterator[None]:
+    """Make ``get_worker_info()`` report no worker while a child source reads.
+
+    A child is read whole by each worker; a ``datasets.IterableDataset`` that
+    saw the worker would read only that worker's shards.
+    """
+    from torch.utils.data._utils import worker as torch_worker
+
+    outer = torch_worker._worker_info
+    torch_worker._worker_info = None
+    try:
+        yield
+    finally:
+        torch_worker._worker_info = outer
+
+
+class _IndexCursor:
+    """A map-style dataset read in index order; position = the next index."""
+
+    def __init__(self, dataset: Any, position: Optional[int]) -> None:
+        self._dataset = dataset
+        self._next = int(position or 0)
+
+    def __next__(self) -> Any:
+        if self._next >= len(self._dataset):
+            raise StopIteration
+        item = self._dataset[self._next]
+        self._next += 1
+        return item
+
+    def position(self) -> int:
+        return self._next
+
+
+class _StatefulCursor:
+    """A stateful iterable (``state_dict()``/``load_state_dict()``) read whole; position = its own state."""
+
+    def __init__(self, source: Any, position: Optional[Any], epoch: int) -> None:
+        self._source = copy.deepcopy(source)  # a private copy: two cursors of one source never share a state
+        if callable(getattr(self._source, "set_epoch", None)):
+            self._source.set_epoch(epoch)
+        if position is not None:
+            self._source.load_state_dict(copy.deepcopy(position))
+        self._items: Optional[Iterator[Any]] = None
+
+    def __next__(self) -> Any:
+        with hidden_worker_info():
+            if self._items is None:
+                self._items = iter(self._source)
+            return next(self._items)
+
+    def position(self) -> Any:
+        return self._source.state_dict()
+
+
+def open_source(source: Any, position: Optional[Any], epoch: int = 0) -> Cursor:
+    """A cursor over ``source`` from ``position`` (``None``: its start) in ``epoch``.
+
+    ``source`` is a :class:`GlobalStream`, a map-style dataset (``__len__`` and
+    ``__getitem__``: a list, a ``datasets.Dataset``, a torch map-style dataset;
+    read in index order) or a stateful iterable (``state_dict()`` and
+    ``load_state_dict()``: a ``datasets.IterableDataset``, a torchdata node).
+    """
+    if isinstance(source, GlobalStream):
+        return source.open(position, epoch)
+    if not isinstance(source, IterableDataset) and hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+        return _IndexCursor(source, position)
+    if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
+        return _StatefulCursor(source, position, epoch)
+    raise UnsupportedConfigError(
+        f"a {type(source).__name__} cannot be resumed where it stopped: it has no state_dict() and no index. "
+        "Give a map-style dataset (with __len__ and __getitem__), a datasets.Dataset or IterableDataset, or an "
+        "iterable with state_dict() and load_state_dict()"
+    )
+
+
+class GlobalStream(IterableDataset):
+    """Base of the package's composable sources: a global sequence with a position.
+
+    A subclass implements :meth:`open`: a cursor over its sequence in an epoch
+    from a position of its own making, leaving the object itself unchanged (a
+    parent opens its children the same way, through :func:`open_source`). The
+    base class adds ``set_epoch``, the ``Stateful`` contract and the split
+    between ``DataLoader`` workers.
+    """
+
+    epoch: int = 0
+
+    def open(self, position: Optional[Any], epoch: int) -> Cursor:  # pragma: no cover - abstract
+        """A cursor over this sequence in ``epoch`` from ``position`` (``None``: its start)."""
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    # ------------------------------------------------------------------ Stateful
+    def state_dict(self) -> dict:
+        live = self.__dict__.get("_live")
+        if live is not None:
+            cursor, index = live
+            return {"index": index[0], "position": cursor.position()}
+        start = self.__dict__.get("_start")
+        return copy.deepcopy(start) if start is not None else {"index": 0, "position": None}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or set(state) != {"index", "position"} or not isinstance(state["index"], int):
+            raise CheckpointError(
+                f"the saved position of a {type(self).__name__} is not one it wrote (got {str(state)[:200]}); "
+                "resume from a checkpoint written with this source, or start the run without loading"
+            )
+        self._start = copy.deepcopy(state)
+        self._live = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if state.get("_live") is not None:  # a live cursor does not travel: its position does
+            state["_start"], state["_live"] = self.state_dict(), None
+        return state
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[Any]:
+        start = self.__dict__.get("_start") or {"index": 0, "position": None}
+        self._start = None
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        cursor = self.open(start["position"], self.epoch)
+        index = [start["index"]]  # shared with state_dict(): the global index of the next item
+        self._live = (cursor, index)
+        return self._split(cursor, index, workers, worker)
+
+    @staticmethod
+    def _split(cursor: Cursor, index: list, workers: int, worker: int) -> Iterator[Any]:
+        while True:
+            try:
+                item = next(cursor)
+            except StopIteration:
+                return
+            index[0] += 1
+            if (index[0] - 1) % workers == worker:
+                yield item
