@@ -5,7 +5,7 @@ A rank script runs its ``main`` through :func:`run`::
     if __name__ == "__main__":
         mp_harness_rank.run(main)
 
-which does two things:
+which does three things:
 
 - **Stacks on demand.** Python's fault handler is registered on ``STACK_SIGNAL`` (SIGUSR2), writing every
   thread's stack into the launch's ``stacks.log``. The registration and the open file are inherited by every
@@ -17,13 +17,20 @@ which does two things:
   collective that cannot complete. A scenario script that records results per scenario records the failing
   scenario, then lets its exception leave ``main``.
 
-Both need the launch's folder, given by the launch side in ``MP_HARNESS_DIR``; without it (a script started by
+- **Imports set aside for the collector.** Every ``save_state``/``load_state`` collects garbage once
+  (``checkpoint._in_step``); the objects the script's imports made (torch, accelerate, transformers) are
+  frozen out of the collector's sight before ``main`` starts, as ``conftest.py`` does for the tests run in
+  one process, so that a collection scans what the run creates (about 75 ms less per save and load). A pass
+  dropped by the run is created after the freeze, so the collections find it as they would in any run.
+
+The first two need the launch's folder, given by the launch side in ``MP_HARNESS_DIR``; without it (a script started by
 hand) the stacks go to stderr and the traceback to stderr only.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -83,6 +90,8 @@ def fail(exc: BaseException) -> None:
 def run(main: Callable[..., Any], *args: Any) -> None:
     """Run a rank's ``main`` with stacks on demand, ending the rank at once when it raises."""
     install_stack_dump()
+    gc.collect()
+    gc.freeze()
     try:
         main(*args)
     except SystemExit:  # a deliberate exit keeps its status (a preempted run's 143, say)
