@@ -7,7 +7,8 @@
     python benchmarks/plot.py bench_out docs/figures
 
 It draws ``resume.png`` and ``per_batch.png`` from whichever of ``loader.json`` (map-style) and
-``stream.json`` (iterable streams) it finds, one panel per measurement. Every figure carries a footer
+``stream.json`` (iterable streams) it finds, one panel per measurement, and ``resume_readme.png``, the
+README's figure: map-style data and a stream read by workers side by side, at the README's column width. Every figure carries a footer
 saying which machine, which versions and when: the numbers are only true of that. No timing is taken here.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -131,6 +133,33 @@ def _finish(fig, documents: dict, path: Path, note: str = "") -> None:
     plt.close(fig)
 
 
+def _resume_panel(ax, title: str, results: list[dict], legend: bool = True) -> None:
+    ours = next((r for r in results if is_ours(r["name"])), None)
+    for result in sorted(results, key=lambda r: is_ours(r["name"])):  # ours drawn last, on top
+        positions = sorted(result["seconds"], key=float)
+        x = [float(p) * 100 for p in positions]
+        y = [result["seconds"][p] for p in positions]
+        exact = result.get("exact") is not False
+        label = result["name"] + ("" if exact else "  (NOT exact)")
+        ax.plot(x, y, marker="o", color=colour(result["name"]), linewidth=3 if is_ours(result["name"]) else 1.6,
+                markerfacecolor=colour(result["name"]) if exact else "white", label=label)
+        if ours is not None and result is not ours:
+            ratio = y[-1] / ours["seconds"][positions[-1]]
+            ax.annotate(f"{ratio:.1f}x", (x[-1], y[-1]), textcoords="offset points", xytext=(6, 0),
+                        va="center", fontsize=8, color=colour(result["name"]))
+    ax.set_yscale("log")
+    ax.set_xlim(0, 105)
+    ax.set_xlabel("position in the epoch where the run resumes (%)")
+    ax.set_ylabel("seconds to the first batch (median)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+
+
+RATIO_NOTE = "Right of each line: its time at the last position, against ours there."
+
+
 def plot_resume(documents: dict, path: Path) -> Optional[Path]:
     """Seconds to the first batch after a resume at each position of the epoch, log scale, per method."""
     panels = resume_panels(documents)
@@ -138,27 +167,50 @@ def plot_resume(documents: dict, path: Path) -> Optional[Path]:
         return None
     fig, axes = _figure(len(panels), "Time to the first batch after a resume, by position in the epoch", (5.4, 5.0))
     for ax, (title, results) in zip(axes, panels):
-        ours = next((r for r in results if is_ours(r["name"])), None)
-        for result in sorted(results, key=lambda r: is_ours(r["name"])):  # ours drawn last, on top
-            positions = sorted(result["seconds"], key=float)
-            x = [float(p) * 100 for p in positions]
-            y = [result["seconds"][p] for p in positions]
-            exact = result.get("exact") is not False
-            label = result["name"] + ("" if exact else "  (NOT exact)")
-            ax.plot(x, y, marker="o", color=colour(result["name"]), linewidth=3 if is_ours(result["name"]) else 1.6,
-                    markerfacecolor=colour(result["name"]) if exact else "white", label=label)
-            if ours is not None and result is not ours:
-                ratio = y[-1] / ours["seconds"][positions[-1]]
-                ax.annotate(f"{ratio:.1f}x", (x[-1], y[-1]), textcoords="offset points", xytext=(6, 0),
-                            va="center", fontsize=8, color=colour(result["name"]))
-        ax.set_yscale("log")
-        ax.set_xlim(0, 105)
-        ax.set_xlabel("position in the epoch where the run resumes (%)")
-        ax.set_ylabel("seconds to the first batch (median)")
-        ax.set_title(title, fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
-    _finish(fig, documents, path, "Right of each line: its time at the last position, against ours there.")
+        _resume_panel(ax, title, results)
+    _finish(fig, documents, path, RATIO_NOTE)
+    return path
+
+
+# The README's figure: drawn at the width of the README's column (800 px at 100 dpi), so that it is read at
+# its own size; two panels (map-style data, a stream read by workers), one legend for both.
+HEADLINE_WIDTH_IN = 8.0
+
+
+def headline_panels(documents: dict) -> list[tuple[str, list[dict]]]:
+    panels = resume_panels(documents)
+    maps = [p for p in panels if p[0].startswith("map-style")]
+    streams = [p for p in panels if p[0].startswith("iterable")]
+    with_workers = [p for p in streams if not p[0].endswith("num_workers=0")]
+    return maps[:1] + (with_workers or streams)[:1]
+
+
+def plot_resume_headline(documents: dict, path: Path) -> Optional[Path]:
+    """The resume figure at the README's column width: at most two panels side by side, a shared legend."""
+    panels = headline_panels(documents)
+    if not panels:
+        return None
+    fig = plt.figure(figsize=(HEADLINE_WIDTH_IN, 5.6), layout="constrained")
+    grid = fig.add_gridspec(3, len(panels), height_ratios=[3.0, 1.0, 0.9])
+    fig.suptitle("Time to the first batch after a resume", fontsize=12, weight="bold")
+    labels: dict = {}
+    for column, (title, results) in enumerate(panels):
+        ax = fig.add_subplot(grid[0, column])
+        _resume_panel(ax, title.replace(", num_workers=", ",\nnum_workers="), results, legend=False)
+        ax.set_xlabel("resume position in the epoch (%)", fontsize=9)
+        ax.set_ylabel("seconds to the first batch", fontsize=9)
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(label, handle)
+    legend = fig.add_subplot(grid[1, :])
+    legend.axis("off")
+    legend.legend(labels.values(), labels.keys(), loc="center", ncol=2, fontsize=8, frameon=False)
+    notes = fig.add_subplot(grid[2, :])
+    notes.axis("off")
+    lines = [RATIO_NOTE + " Every measurement: docs/benchmarks.md."] + footer(documents).splitlines()
+    text = "\n".join(textwrap.fill(line, 135, subsequent_indent="  ") for line in lines)
+    notes.text(0.0, 1.0, text, fontsize=6.5, color="#444444", va="top", ha="left", transform=notes.transAxes)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
     return path
 
 
@@ -198,7 +250,8 @@ def main(argv: Optional[list] = None) -> int:
         print(error, file=sys.stderr)
         return 1
     target.mkdir(parents=True, exist_ok=True)
-    for written in (plot_resume(documents, target / "resume.png"), plot_per_batch(documents, target / "per_batch.png")):
+    for written in (plot_resume(documents, target / "resume.png"), plot_per_batch(documents, target / "per_batch.png"),
+                    plot_resume_headline(documents, target / "resume_readme.png")):
         if written is not None:
             print(f"wrote {written}")
     return 0

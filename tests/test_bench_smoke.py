@@ -43,4 +43,5 @@ def test_main_writes_the_markdown_report_and_the_results_the_figures_are_drawn_f
     assert "## B. Time to the first batch after resuming" in out.read_text(encoding="utf-8")
     plot = load_script("benchmarks/plot.py", "plot")
     assert plot.main([str(tmp_path), str(tmp_path / "figures")]) == 0
-    assert (tmp_path / "figures" / "resume.png").is_file() and (tmp_path / "figures" / "per_batch.png").is_file()
+    figures = ("resume.png", "per_batch.png", "resume_readme.png")
+    assert all((tmp_path / "figures" / name).is_file() for name in figures)

@@ -57,8 +57,8 @@ def site(tmp_path_factory) -> Path:
 def test_the_site_builds_strictly_with_the_readme_as_its_landing_page(site):
     landing = (site / "index.html").read_text(encoding="utf-8")
     assert 'id="quick-start"' in landing and "use_stateful_dataloader" in landing  # the README's quick start
-    assert 'src="figures/resume.png"' in landing  # the README's docs/… paths, made relative to docs/
-    assert (site / "figures" / "resume.png").is_file()
+    assert 'src="figures/resume_readme.png"' in landing  # the README's docs/… paths, made relative to docs/
+    assert (site / "figures" / "resume_readme.png").is_file()
 
 
 def test_the_api_reference_documents_every_public_name(site):

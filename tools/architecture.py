@@ -92,6 +92,8 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "sources/_merge.py": "merging logical-shard positions, shared by the loaders and the command line",
+    "sources/_global.py": "the base of the composable sources: a global sequence split between workers "
+                          "(docs/sources/)",
 }
 
 DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"
