@@ -1,0 +1,160 @@
+"""``Mixture`` through the package's prepared loaders (shard and dispatcher) on ranks simulated in one process:
+kills at random batches, resumes on other worker and process counts, weight changes at a resume agreed by
+every worker share (``GlobalStream.agree``), and per-source accounting from a loader's state."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader
+
+from harness import run_loop, through_files
+from test_mixture import assert_each_source_read_in_order, mixture, source_of
+
+EPOCHS, BATCH = 2, 3
+NEW = {"a": 0, "b": 1, "c": 3}
+
+
+def make(workers, weights=None, world=1, rank=0, dispatch=False, **kwargs):
+    """The prepared loader over a mixture of a list (a), a stateful iterable (b) and a list (c)."""
+    mix = mixture(weights, **kwargs.pop("mix", {}))
+    dl = DataLoader(mix, batch_size=BATCH, num_workers=workers, generator=torch.Generator().manual_seed(7), **kwargs)
+    build = DispatchDataLoader if dispatch else IterableShardDataLoader
+    return build.from_dataloader(dl, DistContext(rank, world))
+
+
+def run_chain(links, epochs=EPOCHS, **kwargs):
+    """Run ``links`` = ``[(workers, weights, stop), ...]``, each resuming the previous one's saved state.
+
+    Returns the steps seen and the state each link saved (``None`` for the last).
+    """
+    seen, state, states = [], None, []
+    for workers, weights, stop in links:
+        loader = make(workers, weights, **kwargs)
+        if state is not None:
+            loader.load_state_dict(through_files(state, kwargs.get("rank", 0)))
+        steps, state = run_loop(loader, epochs, None if stop is None else (stop, "in_loop"), taken=len(seen))
+        seen += steps
+        states.append(state)
+    return seen, states
+
+
+_UNINTERRUPTED: dict = {}
+
+
+def uninterrupted(workers):
+    if workers not in _UNINTERRUPTED:
+        _UNINTERRUPTED[workers] = run_chain([(workers, None, None)])[0]
+    return _UNINTERRUPTED[workers]
+
+
+def epoch(steps, e):
+    return [s for s in steps if s.epoch == e]
+
+
+def ids(steps):
+    return [i for s in steps for i in s.ids]
+
+
+def _chains(count, seed=3):
+    """Random kill points and worker counts (0 to 3) for a chain of two kills in the first epoch."""
+    rng = random.Random(seed)
+    length = len(epoch(run_chain([(0, None, None)])[0], 0))
+    for _ in range(count):
+        first, second = sorted(rng.sample(range(1, length), 2))
+        yield [rng.randrange(4), rng.randrange(4), rng.randrange(4)], [first, second]
+
+
+@pytest.mark.parametrize("workers,stops", list(_chains(6)))
+def test_killed_twice_and_resumed_on_other_worker_counts_the_epoch_is_the_uninterrupted_runs(workers, stops):
+    """The interrupted epoch is the first run's (its worker shares continue); the next is a fresh run's."""
+    links = [(workers[0], None, stops[0]), (workers[1], None, stops[1]), (workers[2], None, None)]
+    seen, _ = run_chain(links)
+    assert epoch(seen, 0) == epoch(uninterrupted(workers[0]), 0)
+    assert epoch(seen, 1) == epoch(uninterrupted(workers[2]), 1)
+    assert_each_source_read_in_order(ids(epoch(seen, 0)))
+
+
+def _schedules(state):
+    return [snap["dataset"]["position"]["schedule"] for snap in state["stream"]["snapshots"] if snap is not None]
+
+
+def _next_indices(state):
+    return [snap["dataset"]["position"]["next"] for snap in state["stream"]["snapshots"] if snap is not None]
+
+
+@pytest.mark.parametrize("after", [0, 2, 3])
+def test_a_weight_change_at_a_resume_with_two_workers_switches_every_share_at_one_sample(after, caplog):
+    first, stop = 5, 9
+    with caplog.at_level(logging.WARNING, logger="accelerate_stateful"):
+        seen, states = run_chain([(2, None, first), (2, NEW, stop), (after, NEW, None)], epochs=1)
+    switch = max(_next_indices(states[0]))
+    assert len(set(_next_indices(states[0]))) > 1, "the shares stood at different samples"
+    schedules = _schedules(states[1])
+    assert len(schedules) == 2 and all(s == [[0, {"a": 1, "b": 1, "c": 2}], [switch, NEW]] for s in schedules)
+    got = ids(seen)
+    assert_each_source_read_in_order(got)
+    old = [source_of(i) for i in mixture()]
+    assert sum(source_of(i) == "a" for i in got) == old[:switch].count("a"), "no 'a' drawn from the switch on"
+    lines = [r.getMessage() for r in caplog.records if "weights change" in r.getMessage()]
+    assert lines == [lines[0]] and f"from global sample {switch} on" in lines[0] and "{a: 1, b: 1, c: 2}" in lines[0]
+
+
+def test_the_same_weights_at_every_resume_give_the_uninterrupted_stream_and_log_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="accelerate_stateful"):
+        seen, _ = run_chain([(2, None, 4), (2, {"a": 2, "b": 2, "c": 4}, 8), (2, None, None)])
+    assert seen == uninterrupted(2)
+    assert not [r for r in caplog.records if "weights change" in r.getMessage()]
+
+
+def test_set_weights_between_epochs_reaches_persistent_workers():
+    loader = make(2, persistent_workers=True)
+    first = [s for s in loader]
+    loader.dataset.set_weights({"a": 0, "b": 0, "c": 1})
+    loader.set_epoch(1)
+    second = [s for s in loader]
+    assert {source_of(i) for b in first for i in b.tolist()} == {"a", "b", "c"}
+    assert {source_of(i) for b in second for i in b.tolist()} == {"c"}
+
+
+def test_delivered_counts_from_a_loaders_state_are_what_the_loop_took():
+    seen, states = run_chain([(3, None, 7)], epochs=1)
+    counts = mixture().delivered(states[0])
+    got = ids(seen)
+    assert counts == {name: sum(source_of(i) == name for i in got) for name in "abc"}
+
+
+def _sized():
+    """A fixed epoch length: killed after two steps, what is left of each worker share (and of the dispatcher's
+    stream) is a whole number of global batches on 1, 2 or 3 ranks, so no rank pads its last batch."""
+    return {"mix": {"sizes": (100, 100, 100), "on_exhausted": "restart", "samples_per_epoch": 84}}
+
+
+def _ranks_run(links, world_before, world_after, dispatch):
+    """Each simulated rank runs its own chain; the links before the kill run on ``world_before`` ranks."""
+    got, states = [], {}
+    kill_links, rest = links[:1], links[1:]
+    for rank in range(world_before):
+        seen, saved = run_chain(kill_links, epochs=1, world=world_before, rank=rank, dispatch=dispatch, **_sized())
+        got += ids(seen)
+        states[rank] = saved[0]
+    for rank in range(world_after):
+        loader = make(rest[0][0], rest[0][1], world=world_after, rank=rank, dispatch=dispatch, **_sized())
+        loader.load_state_dict(through_files(states[0], 0) if dispatch or world_before != world_after
+                               else through_files(states[rank], rank))
+        seen, state = run_loop(loader, 1)
+        got += ids(seen)
+    return got
+
+
+@pytest.mark.parametrize("dispatch", [False, True], ids=["shard", "dispatch"])
+@pytest.mark.parametrize("before,after", [(2, 3), (2, 1)])
+def test_a_weight_change_on_another_number_of_processes_loses_and_repeats_nothing(dispatch, before, after):
+    got = _ranks_run([(2, None, 2), (2, NEW, None)], before, after, dispatch)
+    assert len(got) == 84
+    assert_each_source_read_in_order(got, sizes=(100, 100, 100))
