@@ -122,8 +122,9 @@ def test_set_weights_between_epochs_reaches_persistent_workers():
     assert {source_of(i) for b in second for i in b.tolist()} == {"c"}
 
 
-def test_delivered_counts_from_a_loaders_state_are_what_the_loop_took():
-    seen, states = run_chain([(3, None, 7)], epochs=1)
+@pytest.mark.parametrize("dispatch", [False, True], ids=["shard", "dispatch"])
+def test_delivered_counts_from_a_loaders_state_are_what_the_loop_took(dispatch):
+    seen, states = run_chain([(3, None, 7)], epochs=1, dispatch=dispatch)
     counts = mixture().delivered(states[0])
     got = ids(seen)
     assert counts == {name: sum(source_of(i) == name for i in got) for name in "abc"}
