@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader
+from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader, Mixture
 
 from harness import run_loop, through_files
 from test_mixture import assert_each_source_read_in_order, mixture, source_of
@@ -159,3 +159,31 @@ def test_a_weight_change_on_another_number_of_processes_loses_and_repeats_nothin
     got = _ranks_run([(2, None, 2), (2, NEW, None)], before, after, dispatch)
     assert len(got) == 84
     assert_each_source_read_in_order(got, sizes=(100, 100, 100))
+
+
+def test_a_streaming_dataset_from_local_parquet_in_the_mixture_resumes_with_a_weight_change(tmp_path):
+    """A ``datasets.IterableDataset`` (streamed from a local parquet file) beside a ``datasets.Dataset``, read
+    whole by each of two workers, killed and resumed on three workers with new weights."""
+    datasets = pytest.importorskip("datasets")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    datasets.disable_progress_bars()
+    path = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"id": [1000 + i for i in range(30)]}), path)
+
+    def build(workers, weights):
+        streamed = datasets.load_dataset("parquet", data_files=str(path), split="train", streaming=True)
+        mapped = datasets.Dataset.from_dict({"id": list(range(40))})
+        mix = Mixture({"a": mapped, "b": streamed, "c": [{"id": 2000 + i} for i in range(60)]},
+                      weights or {"a": 1, "b": 1, "c": 2}, seed=5)
+        dl = DataLoader(mix, batch_size=BATCH, num_workers=workers, generator=torch.Generator().manual_seed(7))
+        return IterableShardDataLoader.from_dataloader(dl, DistContext(0, 1))
+
+    head, state = run_loop(build(2, None), 1, (4, "in_loop"))
+    resumed = build(3, NEW)
+    resumed.load_state_dict(through_files(state))
+    rest, _ = run_loop(resumed, 1, taken=4)
+    got = ids(head + rest)
+    assert_each_source_read_in_order(got)
+    assert any(source_of(i) == "b" for i in ids(rest)), "the streamed source is read after the resume"
