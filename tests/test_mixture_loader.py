@@ -187,3 +187,23 @@ def test_a_streaming_dataset_from_local_parquet_in_the_mixture_resumes_with_a_we
     got = ids(head + rest)
     assert_each_source_read_in_order(got)
     assert any(source_of(i) == "b" for i in ids(rest)), "the streamed source is read after the resume"
+
+
+def test_a_mixture_of_mixtures_agrees_a_weight_change_of_the_inner_one(caplog):
+    """The outer mixture passes the loader's agreement on to an inner one: its switch is one sample for all."""
+    from test_mixture import Counter
+
+    def build(workers, inner_weights):
+        inner = Mixture({"b": Counter(1000, 200), "c": [2000 + i for i in range(200)]}, inner_weights, seed=9)
+        outer = Mixture({"a": list(range(200)), "inner": inner}, {"a": 1, "inner": 2}, seed=4)
+        dl = DataLoader(outer, batch_size=BATCH, num_workers=workers, generator=torch.Generator().manual_seed(7))
+        return IterableShardDataLoader.from_dataloader(dl, DistContext(0, 1))
+
+    head, state = run_loop(build(2, {"b": 1, "c": 1}), 1, (5, "in_loop"))
+    resumed = build(2, {"b": 0, "c": 1})
+    resumed.load_state_dict(through_files(state))
+    with caplog.at_level(logging.WARNING, logger="accelerate_stateful"):
+        rest, _ = run_loop(resumed, 1, taken=5)
+    assert_each_source_read_in_order(ids(head + rest), sizes=(200, 200, 200))
+    lines = [r.getMessage() for r in caplog.records if "weights change" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("source 'inner': Mixture: weights change")

@@ -140,7 +140,8 @@ class Mixture(GlobalStream):
         shares ahead of it drew past them with those weights.
         """
         if all(position is None for position in positions):
-            return [dict(start_position(self.names, self._weights), agreed=True) for _ in positions], []
+            agreed = [dict(start_position(self.names, self._weights), agreed=True) for _ in positions]
+            return self._agree_children(agreed, [])
         found = [None if position is None else checked_position(position, self.names) for position in positions]
         saved = schedule_of([position for position in found if position is not None])
         at = max(position["next"] for position in found if position is not None)
@@ -150,6 +151,18 @@ class Mixture(GlobalStream):
         for position in found:
             position = position if position is not None else start_position(self.names, self._weights)
             agreed.append(dict(position, schedule=copy.deepcopy(schedule), agreed=True))
+        return self._agree_children(agreed, lines)
+
+    def _agree_children(self, agreed: list, lines: list[str]) -> tuple[list, list[str]]:
+        """Pass ``agree`` on to the sources that are global sequences (a mixture of mixtures)."""
+        for name in self.names:
+            source = self.sources[name]
+            if not isinstance(source, GlobalStream):
+                continue
+            below, said = source.agree([position["sources"][name] for position in agreed])
+            for position, child in zip(agreed, below):
+                position["sources"][name] = child
+            lines = lines + [f"source '{name}': {line}" for line in said]
         return agreed, lines
 
     # ------------------------------------------------------------------ accounting
@@ -224,7 +237,7 @@ class _Cursor:
 
     def position(self) -> dict:
         sources = {
-            name: self._cursors[name].position() if name in self._cursors else copy.deepcopy(saved)
+            name: self._cursors[name].position() if name in self._cursors else _unagreed(saved)
             for name, saved in self._saved.items()
         }
         return {
@@ -235,6 +248,14 @@ class _Cursor:
             "delivered": dict(self._delivered),
             "restarts": dict(self._restarts),
         }
+
+
+def _unagreed(saved: Any) -> Any:
+    """A copy of a source's saved position, without the mark that a pass's agreement left on it."""
+    found = copy.deepcopy(saved)
+    if isinstance(found, dict):
+        found.pop("agreed", None)
+    return found
 
 
 def _change_line(schedule: list, at: int, weights: Mapping[str, float]) -> str:
