@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader, Mixture
 
 from harness import run_loop, through_files
-from test_mixture import assert_each_source_read_in_order, mixture, source_of
+from test_mixture import CONFIGS, assert_each_source_read_in_order, mixture, source_of
 
 EPOCHS, BATCH = 2, 3
 NEW = {"a": 0, "b": 1, "c": 3}
@@ -47,10 +47,11 @@ def run_chain(links, epochs=EPOCHS, **kwargs):
 _UNINTERRUPTED: dict = {}
 
 
-def uninterrupted(workers):
-    if workers not in _UNINTERRUPTED:
-        _UNINTERRUPTED[workers] = run_chain([(workers, None, None)])[0]
-    return _UNINTERRUPTED[workers]
+def uninterrupted(workers, seed=5, weights=None):
+    key = (workers, seed, str(weights))
+    if key not in _UNINTERRUPTED:
+        _UNINTERRUPTED[key] = run_chain([(workers, weights, None)], mix={"seed": seed})[0]
+    return _UNINTERRUPTED[key]
 
 
 def epoch(steps, e):
@@ -62,21 +63,25 @@ def ids(steps):
 
 
 def _chains(count, seed=3):
-    """Random kill points and worker counts (0 to 3) for a chain of two kills in the first epoch."""
+    """Random mixtures (seed, weights), kill points and worker counts (0 to 3): two kills in the first epoch."""
     rng = random.Random(seed)
-    length = len(epoch(run_chain([(0, None, None)])[0], 0))
     for _ in range(count):
+        mix_seed, weights = rng.choice(CONFIGS)
+        length = len(epoch(uninterrupted(0, mix_seed, weights), 0))
         first, second = sorted(rng.sample(range(1, length), 2))
-        yield [rng.randrange(4), rng.randrange(4), rng.randrange(4)], [first, second]
+        workers = [rng.randrange(4) for _ in range(3)]
+        yield pytest.param(workers, [first, second], mix_seed, weights,
+                           id=f"seed{mix_seed}-workers{'-'.join(map(str, workers))}-at{first}-{second}")
 
 
-@pytest.mark.parametrize("workers,stops", list(_chains(6)))
-def test_killed_twice_and_resumed_on_other_worker_counts_the_epoch_is_the_uninterrupted_runs(workers, stops):
+@pytest.mark.parametrize("workers,stops,seed,weights", list(_chains(6)))
+def test_killed_twice_and_resumed_on_other_worker_counts_the_epoch_is_the_uninterrupted_runs(workers, stops, seed,
+                                                                                           weights):
     """The interrupted epoch is the first run's (its worker shares continue); the next is a fresh run's."""
-    links = [(workers[0], None, stops[0]), (workers[1], None, stops[1]), (workers[2], None, None)]
-    seen, _ = run_chain(links)
-    assert epoch(seen, 0) == epoch(uninterrupted(workers[0]), 0)
-    assert epoch(seen, 1) == epoch(uninterrupted(workers[2]), 1)
+    links = [(workers[0], weights, stops[0]), (workers[1], weights, stops[1]), (workers[2], weights, None)]
+    seen, _ = run_chain(links, mix={"seed": seed})
+    assert epoch(seen, 0) == epoch(uninterrupted(workers[0], seed, weights), 0)
+    assert epoch(seen, 1) == epoch(uninterrupted(workers[2], seed, weights), 1)
     assert_each_source_read_in_order(ids(epoch(seen, 0)))
 
 

@@ -99,7 +99,8 @@ class Mixture(GlobalStream):
         A pass in progress keeps the weights it started with: every worker reads every drawn sample, and
         they can only agree on a switch point when a pass starts. Iterated directly (no loader), the next
         ``iter()`` starts with them. A plain torch ``DataLoader`` with ``persistent_workers=True`` keeps the
-        copies its workers started with: prepare it, or use ``persistent_workers=False``.
+        copies its workers started with: prepare it, or use ``persistent_workers=False``. Like every setting
+        of the data, the weights must be the same on every process: call it on each, with the same weights.
 
         Raises:
             UnsupportedConfigError: a weight is negative or not a number, all are 0, or the names are not
