@@ -212,3 +212,14 @@ def test_a_mixture_of_mixtures_agrees_a_weight_change_of_the_inner_one(caplog):
     assert_each_source_read_in_order(ids(head + rest), sizes=(200, 200, 200))
     lines = [r.getMessage() for r in caplog.records if "weights change" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("source 'inner': Mixture: weights change")
+
+
+def test_a_source_missing_on_resume_is_refused_before_any_batch_on_the_loader():
+    from accelerate_stateful import CheckpointError
+
+    _, state = run_loop(make(2), 1, (3, "in_loop"))
+    fewer = Mixture({"a": list(range(40)), "c": [2000 + i for i in range(60)]}, {"a": 1, "c": 1}, seed=5)
+    loader = IterableShardDataLoader.from_dataloader(DataLoader(fewer, batch_size=BATCH), DistContext(0, 1))
+    loader.load_state_dict(through_files(state))
+    with pytest.raises(CheckpointError, match=r"source\(s\) \['b'\].*pass them again, with weight 0"):
+        next(iter(loader))
