@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from typing import Any, Mapping
 
 from ..errors import UnsupportedConfigError
@@ -90,7 +91,7 @@ def check_weights(weights: Any, names: list[str], where: str) -> dict[str, float
     found = {}
     for name in names:
         value = weights[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
             raise UnsupportedConfigError(
                 f"{where}: the weight of source '{name}' is {value!r}; weights must be finite numbers >= 0"
             )
