@@ -28,6 +28,7 @@ _SOURCES = {
     "LoaderState": ".checkpoint._state",
     "LogicalShardStream": ".sources.sharded",
     "Mismatch": ".errors",
+    "Mixture": ".sources.mixture",
     "PREEMPTED_EXIT_CODE": ".training._preemption",
     "Phase": ".loaders._passes",
     "RoundRobinDataset": ".sources.roundrobin",
@@ -61,6 +62,7 @@ __all__ = [
     "LoaderState",
     "LogicalShardStream",
     "Mismatch",
+    "Mixture",
     "PREEMPTED_EXIT_CODE",
     "Phase",
     "RoundRobinDataset",
@@ -116,6 +118,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .loaders.shard import ShardDataLoader
     from .loaders.skip import SkipDataLoader
     from .position._plan import ShardPlan
+    from .sources.mixture import Mixture
     from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
     from .sources.sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
     from .training._preemption import PREEMPTED_EXIT_CODE

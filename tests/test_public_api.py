@@ -17,6 +17,7 @@ INTENDED = [
     "LoaderState",
     "LogicalShardStream",
     "Mismatch",
+    "Mixture",
     "PREEMPTED_EXIT_CODE",
     "Phase",
     "RoundRobinDataset",

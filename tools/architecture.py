@@ -92,8 +92,13 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "sources/_merge.py": "merging logical-shard positions, shared by the loaders and the command line",
-    "sources/_global.py": "the base of the composable sources: a global sequence split between workers "
-                          "(docs/sources/)",
+    "sources/_global.py": "GlobalStream, the base of the composable sources (Mixture); read by the stream "
+                          "loader's box",
+    "sources/mixture.py": "Mixture, a composable source (a global sequence) read by the stream loader's box "
+                          "(docs/sources/mixture.md)",
+    "sources/_mixture_draw.py": "a Mixture's draws and weight schedule; " + _PLUMBING,
+    "sources/_mixture_state.py": "a Mixture's saved position and its checks; " + _PLUMBING,
+    "loaders/_agree.py": "GlobalStream.agree: a composable source's shares agree at each pass start; " + _PLUMBING,
 }
 
 DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"

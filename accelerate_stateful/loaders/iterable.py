@@ -13,6 +13,7 @@ from ._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ..position._order import mix_seed
 from ._ordered import require_in_order
+from ._agree import agree_snapshots
 from ._channels import WorkerStart
 from ._stream import Slicer, StreamDataset, passthrough
 from ._shares import MARKER, deal, worker_base_seed
@@ -229,8 +230,11 @@ class IterableShardDataLoader(DataLoaderAdapter):
     def _open_pass(self) -> Iterator[tuple[tuple[int, int], Any]]:
         pos = self._position
         self._generation += 1
+        snapshots, lines = agree_snapshots(self._stream.dataset, pos.snapshots)  # GlobalStream.agree
+        for line in lines if self.ctx.is_main else ():
+            logger.warning("%s", line)
         starts = [
-            WorkerStart(self._generation, w, self._epoch, pos.taken[w], pos.snapshots[w])
+            WorkerStart(self._generation, w, self._epoch, pos.taken[w], snapshots[w])
             for w in range(pos.num_logical)
         ]
         generator_seed = mix_seed(self._seed, _WORKER_SALT)  # workers add (epoch, logical id)

@@ -21,6 +21,12 @@ position after the last item handed out (before any, the loaded or the
 starting position); ``load_state_dict()`` makes the *next* ``iter()`` start
 there; an ``iter()`` with nothing loaded starts the epoch's sequence from its
 beginning. States are plain JSON-able data.
+
+Two optional hooks serve a source whose shares must agree on something (a
+mixture's weight change): :meth:`GlobalStream.agree`, which the package's
+stream loader calls in the main process at the start of every pass with every
+share's starting position, and a cursor's ``split(workers, worker)``, told
+which items its share keeps (for accounting what the share delivered).
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ class Cursor(Protocol):
 
     def position(self) -> Any:
         """A JSON-able position: opening the sequence there continues right after the last item returned."""
+
+    # Optional: ``split(workers, worker)``, called once before the first item when the cursor is the outermost
+    # one of a worker's share, which keeps the items ``k`` with ``k % workers == worker``.
 
 
 @contextlib.contextmanager
@@ -139,6 +148,20 @@ class GlobalStream(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    def agree(self, positions: list) -> tuple[list, list[str]]:
+        """Hook: the starting positions of a pass's shares, made to agree with one another.
+
+        The package's stream loader calls it in the main process, on every rank with the same
+        ``positions``, at the start of every pass, before dealing the shares to the workers: one entry per
+        share (logical worker), each a position of :meth:`open` or ``None`` for the sequence's start. Each
+        share then opens at the returned position, in whichever process reads it (persistent workers too),
+        so this is the one place where a setting changed in the main process reaches every share, at a
+        point of the sequence all shares agree on. Returns the positions and lines to log (once, on the
+        main process) saying what changed. A parent source delegates to its children. The default changes
+        nothing.
+        """
+        return positions, []
+
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict:
         live = self.__dict__.get("_live")
@@ -170,6 +193,8 @@ class GlobalStream(IterableDataset):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         cursor = self.open(start["position"], self.epoch)
+        if callable(getattr(cursor, "split", None)):
+            cursor.split(workers, worker)
         index = [start["index"]]  # shared with state_dict(): the global index of the next item
         self._live = (cursor, index)
         return self._split(cursor, index, workers, worker)
@@ -184,3 +209,14 @@ class GlobalStream(IterableDataset):
             index[0] += 1
             if (index[0] - 1) % workers == worker:
                 yield item
+
+
+def agree_states(dataset: Any, states: list) -> tuple[list, list[str]]:
+    """:meth:`GlobalStream.agree` on the shares' ``state_dict()`` values (``None``: a share's start)."""
+    positions = [None if state is None else state["position"] for state in states]
+    agreed, lines = dataset.agree(positions)
+    found = [
+        state if state is None and position is None else dict(state or {"index": 0}, position=position)
+        for state, position in zip(states, agreed)
+    ]
+    return found, lines

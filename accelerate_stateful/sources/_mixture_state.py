@@ -1,0 +1,93 @@
+"""A mixture's position: its start, its validation (in the user's terms), and finding it in a loader's state."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Iterator, Mapping
+
+from ..errors import CheckpointError
+
+_KEYS = ("next", "schedule", "sources", "drawn", "delivered", "restarts")
+_COUNTS = ("drawn", "delivered", "restarts")
+
+
+def start_position(names: list[str], weights: Mapping[str, float]) -> dict:
+    """The position before an epoch's first sample, drawing with ``weights``."""
+    return {
+        "next": 0,
+        "schedule": [[0, dict(weights)]],
+        "sources": dict.fromkeys(names),
+        "drawn": dict.fromkeys(names, 0),
+        "delivered": dict.fromkeys(names, 0),
+        "restarts": dict.fromkeys(names, 0),
+    }
+
+
+def checked_position(position: Any, names: list[str]) -> dict:
+    """A copy of a saved position over this mixture's ``names``, or a refusal.
+
+    A source added since the checkpoint starts at its beginning (the saved schedule never drew from it); a
+    source removed is refused, since its position would be lost.
+    """
+    if not isinstance(position, Mapping) or any(key not in position for key in _KEYS) or not _well_formed(position):
+        raise CheckpointError(
+            f"the saved position of a Mixture is not one it wrote (got {str(position)[:200]}); resume from a "
+            "checkpoint written with this Mixture, or start the run without loading"
+        )
+    removed = sorted(set(position["sources"]) - set(names))
+    if removed:
+        raise CheckpointError(
+            f"the checkpoint's Mixture has the source(s) {removed}, which this Mixture does not have (its sources: "
+            f"{names}); pass them again, with weight 0 to stop drawing from them, so their positions are kept"
+        )
+    found = {key: copy.deepcopy(position[key]) for key in _KEYS}
+    for name in names:
+        found["sources"].setdefault(name, None)
+        for key in _COUNTS:
+            found[key].setdefault(name, 0)
+    return found
+
+
+def _well_formed(position: Mapping[str, Any]) -> bool:
+    schedule = position["schedule"]
+    entries_ok = isinstance(schedule, list) and bool(schedule) and all(
+        isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], int)
+        and isinstance(entry[1], Mapping) and any(float(w) > 0 for w in entry[1].values())
+        for entry in schedule
+    )
+    counts_ok = all(isinstance(position[key], Mapping) for key in _COUNTS + ("sources",))
+    return entries_ok and counts_ok and isinstance(position["next"], int) and schedule[0][0] == 0
+
+
+def schedule_of(positions: list[dict]) -> list:
+    """The schedule every share's position holds: the shares of one pass always agree on it."""
+    schedules = {json.dumps(position["schedule"], sort_keys=True) for position in positions}
+    if len(schedules) > 1:
+        raise CheckpointError(
+            f"the saved worker shares of a Mixture disagree on its weight schedule ({sorted(schedules)}); they were "
+            "not saved by one run; resume from another checkpoint"
+        )
+    return copy.deepcopy(positions[0]["schedule"])
+
+
+def show_weights(weights: Mapping[str, float]) -> str:
+    return "{" + ", ".join(f"{name}: {weights[name]:g}" for name in sorted(weights)) + "}"
+
+
+def mixture_positions(state: Any) -> Iterator[dict]:
+    """The mixture positions in ``state``: a mixture's ``state_dict()``, a list of them, or a loader's state."""
+    if isinstance(state, list):
+        for part in state:
+            yield from mixture_positions(part)
+    elif isinstance(state, Mapping):
+        position = state.get("position")
+        if set(state) == {"index", "position"}:
+            if isinstance(position, Mapping) and "delivered" in position:
+                yield position
+        elif isinstance(state.get("stream"), Mapping):  # a stream loader: each logical worker's snapshot
+            for snapshot in state["stream"].get("snapshots") or []:
+                if isinstance(snapshot, Mapping) and "dataset" in snapshot:
+                    yield from mixture_positions(snapshot["dataset"])
+        elif isinstance(state.get("base"), Mapping):  # the dispatcher: its reader's state
+            yield from mixture_positions(state["base"])
