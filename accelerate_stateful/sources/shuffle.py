@@ -178,3 +178,36 @@ def _checked(position: Optional[Any], size: int) -> Optional[dict]:
         f"the saved position of a Shuffled source is not one it wrote with buffer_size={size} (got "
         f"{str(position)[:200]}); resume with the buffer_size the checkpoint was written with, or start without loading"
     )
+
+
+def exact_shuffle(dataset: Any) -> GlobalStream:
+    """A shuffled 🤗 ``datasets.IterableDataset`` in its own order, item for item, that resumes exactly.
+
+    ``dataset`` ends with ``.shuffle(seed=..., buffer_size=...)``. Iterated,
+    the result gives the items stock ``for x in dataset`` gives, in the same
+    order, in every epoch (``set_epoch`` reshuffles the shards and the buffer as
+    ``datasets`` does). Unlike the dataset's own ``state_dict()``, which drops
+    the buffer (about ``buffer_size`` items lost at each resume), its position
+    names the rows the buffer held when it was last permuted by the number of
+    rows read before each, with the generator's state before that permutation
+    and the input's state from before the oldest of those rows; a resume reads
+    that stretch of the input again (measured in ``docs/sources/shuffle.md``).
+
+    The result is one of this package's sources: read by ``DataLoader``
+    workers, each reads the whole stream and keeps its share, so it resumes on
+    any number of processes and workers; and it composes (``Packed(exact_shuffle(ds), ...)``).
+
+    Raises:
+        UnsupportedConfigError: ``dataset`` is not a ``datasets.IterableDataset``
+            whose last step is ``shuffle()``, or it has ``with_format()`` or
+            ``split_dataset_by_node()`` (the loader splits the stream itself).
+
+    Examples:
+        >>> ds = load_dataset("json", data_files=files, split="train", streaming=True)  # doctest: +SKIP
+        >>> stream = exact_shuffle(ds.shuffle(seed=42, buffer_size=10_000))  # doctest: +SKIP
+        >>> list(stream) == list(ds.shuffle(seed=42, buffer_size=10_000))  # doctest: +SKIP
+        True
+    """
+    from ._shuffle_hf import HFShuffled
+
+    return HFShuffled(dataset)
