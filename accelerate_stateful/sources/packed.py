@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from ..errors import CheckpointError, UnsupportedConfigError
@@ -99,7 +100,7 @@ class _PackCursor:
 
     def __init__(self, packed: Packed, documents: Cursor, carry: list) -> None:
         self._packed, self._documents = packed, documents
-        self._tokens, self._start = carry, 0
+        self._tokens, self._start = np.asarray(carry, dtype=np.int64), 0
         self._read = 0  # documents read by this cursor, to name one in an error
         self._ended = False
 
@@ -107,20 +108,22 @@ class _PackCursor:
         size = self._packed.seq_len
         ids: list = []
         positions: list = []
-        while len(ids) < size:
+        have = 0
+        while have < size:
             if self._start == len(self._tokens) and not self._next_document():
-                if not ids or self._packed.last == "drop":
+                if not have or self._packed.last == "drop":
                     raise StopIteration
-                fill = size - len(ids)
-                ids += [self._packed.pad_id] * fill
-                positions += range(fill)
+                ids.append(np.full(size - have, self._packed.pad_id, dtype=np.int64))
+                positions.append(np.arange(size - have))
                 break
-            piece = self._tokens[self._start:self._start + size - len(ids)]
+            piece = self._tokens[self._start:self._start + size - have]
             self._start += len(piece)
-            ids += piece
-            positions += range(len(piece))
-        return {"input_ids": torch.tensor(ids, dtype=torch.long),
-                "position_ids": torch.tensor(positions, dtype=torch.long)}
+            have += len(piece)
+            ids.append(piece)
+            positions.append(np.arange(len(piece)))
+        # concatenate copies: a row never shares memory with the carry
+        return {"input_ids": torch.from_numpy(np.concatenate(ids)),
+                "position_ids": torch.from_numpy(np.concatenate(positions).astype(np.int64, copy=False))}
 
     def _next_document(self) -> bool:
         """Make the next non-empty document the carry; False at the source's end."""
@@ -132,16 +135,16 @@ class _PackCursor:
                 return False
             self._read += 1
             self._tokens, self._start = _token_ids(document, self._packed.key, self._read), 0
-            if self._tokens:
+            if len(self._tokens):
                 return True
         return False
 
     def position(self) -> dict:
-        return {"source": self._documents.position(), "carry": self._tokens[self._start:]}
+        return {"source": self._documents.position(), "carry": self._tokens[self._start:].tolist()}
 
 
-def _token_ids(document: Any, key: str, number: int) -> list:
-    """The token ids of a document as a list of ints, or an error that names the document."""
+def _token_ids(document: Any, key: str, number: int) -> np.ndarray:
+    """The token ids of a document as a 1-D int64 array, or an error that names the document."""
     tokens = document
     if isinstance(document, dict):
         if key not in document:
@@ -150,11 +153,17 @@ def _token_ids(document: Any, key: str, number: int) -> list:
                 f"pass key= the field that holds its token ids, or tokenize the documents first"
             )
         tokens = document[key]
-    if hasattr(tokens, "tolist") and getattr(tokens, "ndim", 1) == 1 and _integer_dtype(tokens):
-        return tokens.tolist()
-    if isinstance(tokens, (list, tuple)) and all(type(t) is int for t in tokens):
-        return list(tokens)
-    if isinstance(tokens, (list, tuple)):
+    if isinstance(tokens, torch.Tensor):
+        array = tokens.detach().cpu().numpy() if _integer_dtype(tokens) else None
+    elif isinstance(tokens, np.ndarray):
+        array = tokens
+    elif isinstance(tokens, (list, tuple)):
+        array = np.array(tokens) if len(tokens) else np.zeros(0, dtype=np.int64)
+    else:
+        array = None
+    if array is not None and array.ndim == 1 and array.dtype.kind in "iu":
+        return array.astype(np.int64, copy=False)
+    if isinstance(tokens, (list, tuple)) and any(type(t) is not int for t in tokens):
         bad = next(t for t in tokens if type(t) is not int)
         shown = f"a {type(bad).__name__} ({bad!r:.40})"
     else:
@@ -165,8 +174,5 @@ def _token_ids(document: Any, key: str, number: int) -> list:
     )
 
 
-def _integer_dtype(tokens: Any) -> bool:
-    dtype = getattr(tokens, "dtype", None)
-    if isinstance(dtype, torch.dtype):
-        return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-    return getattr(dtype, "kind", "") in ("i", "u")
+def _integer_dtype(tokens: torch.Tensor) -> bool:
+    return not tokens.dtype.is_floating_point and not tokens.dtype.is_complex and tokens.dtype != torch.bool
