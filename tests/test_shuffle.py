@@ -108,3 +108,15 @@ def test_a_position_of_another_buffer_size_or_a_shorter_source_is_refused():
     shorter.load_state_dict(saved)
     with pytest.raises(CheckpointError, match="ended after 5 items.*had read 11"):
         list(shorter)
+
+
+def test_two_saved_positions_share_nothing_mutable_so_the_loader_keeps_them_without_pickling():
+    from accelerate_stateful.loaders._snapshot import shares_mutable_parts
+
+    docs = [{"input_ids": [i] * (i % 5)} for i in range(200)]
+    stream = Shuffled(Shuffled(Packed(docs, seq_len=3), 16, seed=1), 32, seed=2)
+    items = iter(stream)
+    for _ in range(3):
+        list(itertools.islice(items, 40))
+        assert stream.state_dict()["position"]["from"] is not None
+        assert not shares_mutable_parts(stream.state_dict(), stream.state_dict())

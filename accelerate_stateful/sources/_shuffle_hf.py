@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._global import Cursor, GlobalStream, hidden_worker_info
+from .shuffle import plain_copy
 
 _POSITION_KEYS = {"from", "from_read", "read", "rows", "rng", "given", "final"}
 
@@ -169,7 +170,7 @@ class _HFCursor:
 
     def _permute(self, final: bool) -> None:
         """One stock round: permute the buffer, hand out all but ``size // 2`` rows (all at the end)."""
-        self._round = {"rows": list(self._rows), "read": self._read, "final": final,
+        self._round = {"rows": tuple(self._rows), "read": self._read, "final": final,
                        "rng": json.dumps(self._rng.bit_generator.state)}
         oldest = min(self._rows)
         while len(self._marks) > 1 and self._marks[1][0] <= oldest:
@@ -202,7 +203,7 @@ class _HFCursor:
         if self._round is None:
             return None
         read, state = self._marks[0]
-        return {"from": state, "from_read": read, "given": self._given, **self._round}
+        return {"from": plain_copy(state), "from_read": read, "given": self._given, **self._round}
 
 
 def _with_hidden_worker(chunks: Iterator[list]) -> Iterator[list]:
@@ -217,7 +218,7 @@ def _with_hidden_worker(chunks: Iterator[list]) -> Iterator[list]:
 
 def _checked(position: Optional[Any]) -> Optional[dict]:
     if position is None or (isinstance(position, dict) and set(position) == _POSITION_KEYS
-                            and isinstance(position["rows"], list) and isinstance(position["rng"], str)):
+                            and isinstance(position["rows"], (list, tuple)) and isinstance(position["rng"], str)):
         return position
     raise CheckpointError(
         f"the saved position of an exact_shuffle source is not one it wrote (got {str(position)[:200]}); resume from "

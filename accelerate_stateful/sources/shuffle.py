@@ -65,7 +65,7 @@ class Shuffled(GlobalStream):
     Position (the ``"position"`` of ``state_dict()``): ``from`` (the source's
     position before ``from_read`` items were read), ``read`` (items read from
     the source so far), ``slots`` (for each buffer slot, the number of items
-    read before its item: ``buffer_size`` integers), ``draws`` (draws made so
+    read before its item: ``buffer_size`` integers, a tuple), ``draws`` (draws made so
     far) and ``ended`` (whether the source has ended). A resume opens the source
     at ``from`` and reads ``read - from_read`` items again, keeping those named
     in ``slots``. ``from`` is refreshed every ``buffer_size / 16`` reads to the
@@ -164,14 +164,27 @@ class _BufferCursor:
 
     def position(self) -> dict:
         read, position = self._marks[0]
-        return {"from": position, "from_read": read, "read": self._read, "slots": list(self._slots),
+        return {"from": plain_copy(position), "from_read": read, "read": self._read, "slots": tuple(self._slots),
                 "draws": self._draws, "ended": self._ended}
+
+
+def plain_copy(value: Any) -> Any:
+    """A copy of the dicts and lists of a position kept across calls.
+
+    The loader records a dataset's state after every batch; a state that shares a mutable part with the
+    previous one is pickled at each record (``loaders/_snapshot``), a fresh one is kept as returned.
+    """
+    if isinstance(value, dict):
+        return {key: plain_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain_copy(item) for item in value]
+    return value
 
 
 def _checked(position: Optional[Any], size: int) -> Optional[dict]:
     if position is None:
         return None
-    if (isinstance(position, dict) and set(position) == _POSITION_KEYS and isinstance(position["slots"], list)
+    if (isinstance(position, dict) and set(position) == _POSITION_KEYS and isinstance(position["slots"], (list, tuple))
             and len(position["slots"]) <= size and all(isinstance(position[k], int) for k in ("from_read", "read", "draws"))):
         return position
     raise CheckpointError(
