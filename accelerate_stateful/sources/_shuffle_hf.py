@@ -23,9 +23,7 @@ from __future__ import annotations
 import collections
 import copy
 import json
-from typing import Any, Callable, Iterator, Optional
-
-import numpy as np
+from typing import Any, Iterator, Optional
 
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._global import Cursor, GlobalStream, hidden_worker_info
@@ -68,7 +66,8 @@ class _Pipeline:
         typed = node is not None and node.features and not node.ex_iterable.is_typed
         for _, example in self.input:
             if typed:
-                example = _apply_feature_types_on_example(example, node.features, token_per_repo_id=node.token_per_repo_id)
+                example = _apply_feature_types_on_example(example, node.features,
+                                                          token_per_repo_id=node.token_per_repo_id)
             yield [example]
 
 

@@ -184,8 +184,9 @@ def plain_copy(value: Any) -> Any:
 def _checked(position: Optional[Any], size: int) -> Optional[dict]:
     if position is None:
         return None
-    if (isinstance(position, dict) and set(position) == _POSITION_KEYS and isinstance(position["slots"], (list, tuple))
-            and len(position["slots"]) <= size and all(isinstance(position[k], int) for k in ("from_read", "read", "draws"))):
+    if (isinstance(position, dict) and set(position) == _POSITION_KEYS
+            and isinstance(position["slots"], (list, tuple)) and len(position["slots"]) <= size
+            and all(isinstance(position[key], int) for key in ("from_read", "read", "draws"))):
         return position
     raise CheckpointError(
         f"the saved position of a Shuffled source is not one it wrote with buffer_size={size} (got "
