@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from accelerate_stateful import DistContext, IterableShardDataLoader
 from accelerate_stateful.errors import UnsupportedConfigError
 from accelerate_stateful.sources.packed import Packed
-from accelerate_stateful.sources.shuffle import exact_shuffle
+from accelerate_stateful.sources.shuffle import Shuffled, exact_shuffle
 
 from harness import run_loop, through_files
 
@@ -93,6 +93,27 @@ def test_the_position_holds_read_numbers_and_a_bounded_stretch_to_read_again(sou
     assert all(type(n) is int for n in position["rows"]) and 8 <= len(position["rows"]) < 8 + 20
     assert position["from_read"] <= min(position["rows"]) and max(position["rows"]) < position["read"]
     assert position["read"] - position["from_read"] < 60
+
+
+@pytest.mark.parametrize("kind", ["json-tables", "generator-examples"])
+def test_the_packages_own_buffer_over_an_unshuffled_stream_resumes_at_every_sampled_cut(sources, kind):
+    """Shuffled reads a datasets.IterableDataset through its own state_dict(): positions to read again from."""
+    stream = sources[kind]()
+    make = lambda: Shuffled(stream, 12, seed=4)  # noqa: E731
+    whole = list(make())
+    assert sorted(row["id"] for row in whole) == sorted(row["id"] for row in stream)
+    for cut in cuts(len(whole), 12):
+        first = make()
+        head = list(itertools.islice(iter(first), cut))
+        again = make()
+        again.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert head + list(again) == whole, f"cut after item {cut}"
+
+
+def test_packed_reads_a_map_style_dataset_in_index_order():
+    table = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [], [4, 5, 6, 7, 8]], "text": ["a", "", "b"]})
+    rows = [row["input_ids"].tolist() for row in Packed(table, seq_len=4)]
+    assert rows == [[1, 2, 3, 4], [5, 6, 7, 8]]
 
 
 def rows_to_ids(rows):
