@@ -104,6 +104,10 @@ def test_a_position_of_another_buffer_size_or_a_shorter_source_is_refused():
     smaller.load_state_dict(saved)
     with pytest.raises(CheckpointError, match="buffer_size=4.*resume with the buffer_size"):
         list(smaller)
+    damaged = Shuffled(list(range(20)), 8)
+    damaged.load_state_dict({**saved, "position": {**saved["position"], "slots": [0] * 8}})
+    with pytest.raises(CheckpointError, match="names items outside the stretch.*damaged"):
+        list(damaged)
     shorter = Shuffled(list(range(5)), 8)
     shorter.load_state_dict(saved)
     with pytest.raises(CheckpointError, match="ended after 5 items.*had read 11"):

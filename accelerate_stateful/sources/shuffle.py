@@ -112,6 +112,11 @@ class _BufferCursor:
 
     def _refill(self, read: int) -> None:
         wanted = {number: slot for slot, number in enumerate(self._slots)}
+        if len(wanted) != len(self._slots) or not all(self._read <= number < read for number in wanted):
+            raise CheckpointError(
+                f"the saved buffer of a Shuffled names items outside the stretch it says to read again ({self._read} "
+                f"to {read}); the checkpoint is damaged: resume from another one, or start without loading"
+            )
         while self._read < read:
             number = self._read
             try:
