@@ -149,7 +149,7 @@ class _HFCursor:
             for number, item in self._next_chunk():
                 if number in wanted:
                     found[number] = item
-        if self._read != saved["read"] or len(found) != len(wanted):
+        if self._read != saved["read"] or len(found) != len(wanted) or len(wanted) != len(saved["rows"]):
             raise CheckpointError(
                 f"the shuffled dataset now reads differently from the one that saved this position (rows "
                 f"{self._read} read where it had read {saved['read']}); resume with the same data files and datasets "
