@@ -50,6 +50,10 @@ def whole_epoch(pipeline, epoch):
     return sorted(collate(items)["id"].tolist() if collate else items)
 
 
+def ids_of(batch):
+    return (batch["id"] if isinstance(batch, dict) else batch).tolist()
+
+
 _RUNS: dict = {}
 
 
@@ -95,3 +99,30 @@ def test_a_chain_of_resumes_through_zero_one_two_and_three_workers():
         seen = resumed_run(pipeline, chain)
         first = [s for s in uninterrupted(pipeline, 3) if s.epoch == 0]
         assert seen == first + [s for s in uninterrupted(pipeline, 1) if s.epoch > 0]
+
+
+@pytest.mark.parametrize("pipeline,world,new_world,workers,new_workers", [
+    ("packed-shuffled", 2, 3, 2, 0), ("shuffled-ints", 3, 1, 0, 2), ("packed-shuffled", 1, 2, 3, 1)])
+def test_simulated_ranks_resumed_on_another_number_of_processes_deliver_every_unconsumed_row_once(
+        pipeline, world, new_world, workers, new_workers):
+    """Every rank reads the whole global sequence and slices its global batches; new ranks slice on from rank 0's
+    state (tests/test_replicated_elastic.py)."""
+    taken, states = [], []
+    for rank in range(world):
+        loader = make(pipeline, workers, world, rank)
+        batches = iter(loader)
+        taken += [i for _ in range(2) for i in ids_of(next(batches))]
+        states.append(through_files(loader.state_dict(), rank))
+        del batches
+    rest = []
+    for rank in range(new_world):
+        loader = make(pipeline, new_workers, new_world, rank)
+        loader.load_state_dict(states[0])
+        for batch in loader:
+            rest += ids_of(batch)
+    epoch = whole_epoch(pipeline, 0)
+    assert sorted(taken) == sorted(set(taken)) and set(taken) <= set(epoch)
+    fresh = [i for i in rest if i not in set(taken)]
+    assert sorted(set(fresh)) == sorted(set(epoch) - set(taken))
+    # besides the padding that completes each (logical) worker's last global batch, every row comes once
+    assert len(rest) - len(set(fresh)) < BATCH * new_world * max(workers, new_workers, 1)
