@@ -152,7 +152,6 @@ class _HFCursor:
         self._round: Optional[dict] = None
         self._out: list = []  # the current round's rows to hand out, and how many were
         self._given = 0
-        self.reread = start["read"] - start["from_read"]
         if saved is not None:
             self._resume(saved)
 

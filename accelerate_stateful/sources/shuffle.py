@@ -107,7 +107,6 @@ class _BufferCursor:
         self._read, self._draws, self._ended = start["from_read"], start["draws"], start["ended"]
         self._slots: list = list(start["slots"])
         self._items: list = [None] * len(self._slots)
-        self.reread = start["read"] - start["from_read"]  # what this resume reads again
         self._refill(start["read"])
 
     def _refill(self, read: int) -> None:
