@@ -30,10 +30,12 @@ _SOURCES = {
     "Mismatch": ".errors",
     "Mixture": ".sources.mixture",
     "PREEMPTED_EXIT_CODE": ".training._preemption",
+    "Packed": ".sources.packed",
     "Phase": ".loaders._passes",
     "RoundRobinDataset": ".sources.roundrobin",
     "RoundRobinLoader": ".sources.roundrobin",
     "SampleRNG": ".training._rng",
+    "Shuffled": ".sources.shuffle",
     "ShardDataLoader": ".loaders.shard",
     "ShardPlan": ".position._plan",
     "ShardedSource": ".sources.sharded",
@@ -43,6 +45,7 @@ _SOURCES = {
     "StatefulLoaderError": ".errors",
     "TextLines": ".sources.sharded",
     "UnsupportedConfigError": ".errors",
+    "exact_shuffle": ".sources.shuffle",
     "latest_checkpoint": ".checkpoint._files",
     "sample_rng": ".training._rng",
 }
@@ -64,6 +67,7 @@ __all__ = [
     "Mismatch",
     "Mixture",
     "PREEMPTED_EXIT_CODE",
+    "Packed",
     "Phase",
     "RoundRobinDataset",
     "RoundRobinLoader",
@@ -71,12 +75,14 @@ __all__ = [
     "ShardDataLoader",
     "ShardPlan",
     "ShardedSource",
+    "Shuffled",
     "SkipDataLoader",
     "StateMismatchError",
     "StateSerializationError",
     "StatefulLoaderError",
     "TextLines",
     "UnsupportedConfigError",
+    "exact_shuffle",
     "latest_checkpoint",
     "sample_rng",
 ]
@@ -119,7 +125,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .loaders.skip import SkipDataLoader
     from .position._plan import ShardPlan
     from .sources.mixture import Mixture
+    from .sources.packed import Packed
     from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
     from .sources.sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
+    from .sources.shuffle import Shuffled, exact_shuffle
     from .training._preemption import PREEMPTED_EXIT_CODE
     from .training._rng import SampleRNG, sample_rng

@@ -92,6 +92,11 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "sources/_merge.py": "merging logical-shard positions, shared by the loaders and the command line",
+    "sources/packed.py": "Packed, a composable source (a global sequence) read by the stream loader's box "
+                         "(docs/sources/packing.md)",
+    "sources/shuffle.py": "Shuffled and exact_shuffle, composable sources read by the stream loader's box "
+                          "(docs/sources/shuffle.md)",
+    "sources/_shuffle_hf.py": "exact_shuffle's replay of a datasets shuffle buffer; " + _PLUMBING,
     "sources/_global.py": "GlobalStream, the base of the composable sources (Mixture); read by the stream "
                           "loader's box",
     "sources/mixture.py": "Mixture, a composable source (a global sequence) read by the stream loader's box "

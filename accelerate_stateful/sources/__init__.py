@@ -1,7 +1,8 @@
-"""Where data comes from when it is not a plain dataset: logical shards, round-robin and composable sources.
+"""Where data comes from when it is not a plain dataset: logical shards, round-robin sources, and the
+composable sources of language-model pipelines (mixtures, packing, shuffle buffers).
 
 The public names are imported on first use (PEP 562), as in the package's front door: the command line
-imports modules of this package and must not import torch with them.
+imports modules of this package (``sources._merge``) and must not import torch or numpy with them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 # Each public name (``__all__``), and the module that defines it.
 _SOURCES = {
     "Mixture": ".mixture",
+    "Packed": ".packed",
+    "Shuffled": ".shuffle",
+    "exact_shuffle": ".shuffle",
 }
 
 __all__ = sorted(_SOURCES)
@@ -28,3 +32,5 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from .mixture import Mixture
+    from .packed import Packed
+    from .shuffle import Shuffled, exact_shuffle

@@ -69,6 +69,19 @@ def hidden_worker_info() -> Iterator[None]:
         torch_worker._worker_info = outer
 
 
+def plain_copy(value: Any) -> Any:
+    """A copy of the dicts and lists of a position kept across calls.
+
+    The loader records a dataset's state after every batch; a state that shares a mutable part with the
+    previous one is pickled at each record (``loaders/_snapshot``), a fresh one is kept as returned.
+    """
+    if isinstance(value, dict):
+        return {key: plain_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain_copy(item) for item in value]
+    return value
+
+
 class _IndexCursor:
     """A map-style dataset read in index order; position = the next index."""
 

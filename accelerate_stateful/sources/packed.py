@@ -1,0 +1,178 @@
+"""Packing: token sequences cut into rows of exactly ``seq_len`` tokens, the remainder carried over.
+
+Row ``k`` is a pure function of the source's sequence of documents and the
+settings, so a packer resumes exactly and elastically like every global
+sequence (see ``_global``). What is left of the document a row ended in (the
+carry) is part of the position, so a resume neither reads a document again nor
+replays the source.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError, UnsupportedConfigError
+from ._global import Cursor, GlobalStream, open_source
+
+_ENDINGS = ("drop", "pad")
+
+
+class Packed(GlobalStream):
+    """Packs documents of token ids into rows of exactly ``seq_len`` tokens.
+
+    Documents are read in the source's order and laid end to end; a row is cut
+    every ``seq_len`` tokens, so a document longer than what is left of a row
+    goes on in the next row (and the rows after it). Empty documents add
+    nothing.
+
+    Each row is a dict of two ``torch.long`` tensors of shape ``(seq_len,)``:
+
+    - ``input_ids``: the tokens;
+    - ``position_ids``: each token's position in its piece of document, starting
+      at 0 where a document starts *and* at the start of every row (the part of
+      a document carried into a row is a piece of its own there). A 0 therefore
+      marks every boundary a model must not attend across, which is what
+      🤗 ``DataCollatorWithFlattening`` produces and what 🤗 Transformers' flash
+      attention reads (``cu_seq_lens`` from the zeros of ``position_ids``), and a
+      row never continues positions that it cannot attend to.
+
+    The default collate stacks rows into ``(batch, seq_len)`` tensors.
+
+    Args:
+        source: A sequence of documents: a map-style dataset, a
+            ``datasets.Dataset`` or ``IterableDataset``, a stateful iterable or
+            another of this package's sources. A document is a dict holding its
+            token ids under ``key``, or the token ids themselves (a list or
+            tuple of ints, or a 1-D integer tensor or array).
+        seq_len: Tokens in each row, at least 1.
+        key: The field of a dict document that holds its token ids.
+        last: What becomes of the tokens left at the source's end, fewer than
+            ``seq_len``: ``"drop"`` leaves them out (no partial row; the
+            default), ``"pad"`` makes a last row of them filled up with
+            ``pad_id`` tokens, the padding being one more piece whose
+            ``position_ids`` start at 0 (mask ``input_ids == pad_id`` out of
+            the loss with a ``pad_id`` that is no real token).
+        pad_id: The token that fills the last row with ``last="pad"``.
+
+    Position (the ``"position"`` of ``state_dict()``): ``{"source": <the
+    source's position after the last document read>, "carry": [<the tokens of
+    that document not yet in a row>]}``. The carry is at most what is left of
+    one document, so it is short unless documents are much longer than a row.
+
+    Examples:
+        >>> docs = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6, 7, 8]}]
+        >>> [row["position_ids"].tolist() for row in Packed(docs, seq_len=4)]
+        [[0, 1, 2, 0], [0, 1, 2, 3]]
+    """
+
+    def __init__(self, source: Any, seq_len: int, *, key: str = "input_ids", last: str = "drop",
+                 pad_id: int = 0) -> None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise UnsupportedConfigError(
+                f"Packed(seq_len={seq_len!r}): a row must hold at least one token; pass seq_len as an int >= 1"
+            )
+        if last not in _ENDINGS:
+            raise UnsupportedConfigError(
+                f"Packed(last={last!r}) is not a way to end: pass last='drop' to leave out the tokens that do not fill "
+                "a last row, or last='pad' to fill it with pad_id"
+            )
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+            raise UnsupportedConfigError(f"Packed(pad_id={pad_id!r}): the padding token must be an int token id")
+        self.source, self.seq_len, self.key, self.last, self.pad_id = source, seq_len, key, last, pad_id
+
+    def open(self, position: Optional[Any], epoch: int) -> Cursor:
+        if position is None:
+            return _PackCursor(self, open_source(self.source, None, epoch), [])
+        if not isinstance(position, dict) or set(position) != {"source", "carry"} or not isinstance(
+                position["carry"], list):
+            raise CheckpointError(
+                f"the saved position of a Packed source is not one it wrote (got {str(position)[:200]}); resume from a "
+                "checkpoint written with this source, or start the run without loading"
+            )
+        return _PackCursor(self, open_source(self.source, position["source"], epoch), list(position["carry"]))
+
+
+class _PackCursor:
+    """Rows from a cursor over documents; ``tokens[start:]`` is the carry."""
+
+    def __init__(self, packed: Packed, documents: Cursor, carry: list) -> None:
+        self._packed, self._documents = packed, documents
+        self._tokens, self._start = np.asarray(carry, dtype=np.int64), 0
+        self._read = 0  # documents read by this cursor, to name one in an error
+        self._ended = False
+
+    def __next__(self) -> dict:
+        size = self._packed.seq_len
+        ids: list = []
+        positions: list = []
+        have = 0
+        while have < size:
+            if self._start == len(self._tokens) and not self._next_document():
+                if not have or self._packed.last == "drop":
+                    raise StopIteration
+                ids.append(np.full(size - have, self._packed.pad_id, dtype=np.int64))
+                positions.append(np.arange(size - have))
+                break
+            piece = self._tokens[self._start:self._start + size - have]
+            self._start += len(piece)
+            have += len(piece)
+            ids.append(piece)
+            positions.append(np.arange(len(piece)))
+        # concatenate copies: a row never shares memory with the carry
+        return {"input_ids": torch.from_numpy(np.concatenate(ids)),
+                "position_ids": torch.from_numpy(np.concatenate(positions).astype(np.int64, copy=False))}
+
+    def _next_document(self) -> bool:
+        """Make the next non-empty document the carry; False at the source's end."""
+        while not self._ended:
+            try:
+                document = next(self._documents)
+            except StopIteration:
+                self._ended = True
+                return False
+            self._read += 1
+            self._tokens, self._start = _token_ids(document, self._packed.key, self._read), 0
+            if len(self._tokens):
+                return True
+        return False
+
+    def position(self) -> dict:
+        return {"source": self._documents.position(), "carry": self._tokens[self._start:].tolist()}
+
+
+def _token_ids(document: Any, key: str, number: int) -> np.ndarray:
+    """The token ids of a document as a 1-D int64 array, or an error that names the document."""
+    tokens = document
+    if isinstance(document, dict):
+        if key not in document:
+            raise UnsupportedConfigError(
+                f"document {number} read by Packed has no {key!r} field (it has {sorted(map(str, document))[:10]}); "
+                f"pass key= the field that holds its token ids, or tokenize the documents first"
+            )
+        tokens = document[key]
+    if isinstance(tokens, torch.Tensor):
+        array = tokens.detach().cpu().numpy() if _integer_dtype(tokens) else None
+    elif isinstance(tokens, np.ndarray):
+        array = tokens
+    elif isinstance(tokens, (list, tuple)):
+        array = np.array(tokens) if len(tokens) else np.zeros(0, dtype=np.int64)
+    else:
+        array = None
+    if array is not None and array.ndim == 1 and array.dtype.kind in "iu":
+        return array.astype(np.int64, copy=False)
+    if isinstance(tokens, (list, tuple)) and any(type(t) is not int for t in tokens):
+        bad = next(t for t in tokens if type(t) is not int)
+        shown = f"a {type(bad).__name__} ({bad!r:.40})"
+    else:
+        shown = f"a {type(tokens).__name__} ({tokens!r:.60})"
+    raise UnsupportedConfigError(
+        f"document {number} read by Packed holds {shown} where token ids (ints) belong; tokenize the text first "
+        f"(a list of ints or a 1-D integer tensor{'' if not isinstance(document, dict) else f' under {key!r}'})"
+    )
+
+
+def _integer_dtype(tokens: torch.Tensor) -> bool:
+    return not tokens.dtype.is_floating_point and not tokens.dtype.is_complex and tokens.dtype != torch.bool

@@ -1,0 +1,218 @@
+"""Shuffle buffers whose position is what the buffer holds, as places in the source to read again.
+
+A shuffle buffer's state is its content. Saving the items themselves makes a
+checkpoint as large as the buffer's data; dropping them (🤗 ``datasets``) loses
+about ``buffer_size`` items at every resume. Here the position names each
+buffered item by its place in the source (the number of items read before it)
+and keeps the source's position from before the oldest of them: a resume opens
+the source there and reads it again up to where the buffer had read, keeping the
+buffered items in their slots. Nothing is lost or repeated, the state holds
+integers only, and what a resume reads again is bounded by how long an item can
+stay in the buffer, not by how far the run got.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import CheckpointError, UnsupportedConfigError
+from ._global import Cursor, GlobalStream, open_source, plain_copy
+
+_BLOCK = 1024  # draws made at a time; draw t is block t // _BLOCK, element t % _BLOCK
+_POSITION_KEYS = {"from", "from_read", "read", "slots", "draws", "ended"}
+
+
+class Draws:
+    """A counter-based stream of 64-bit draws: draw ``t`` depends on ``(seed, epoch, t)`` only.
+
+    Block ``b`` is PCG64's raw output seeded by ``SeedSequence([seed, epoch, b])``, which numpy
+    keeps the same across versions; the generator's position is therefore the count ``t`` alone.
+    """
+
+    def __init__(self, seed: int, epoch: int) -> None:
+        self._key, self._block, self._values = (seed, epoch), -1, []
+
+    def __call__(self, t: int) -> int:
+        block = t // _BLOCK
+        if block != self._block:
+            bits = np.random.PCG64(np.random.SeedSequence([*self._key, block]))
+            self._block, self._values = block, bits.random_raw(_BLOCK).tolist()
+        return self._values[t % _BLOCK]
+
+
+class Shuffled(GlobalStream):
+    """A shuffle buffer over a source, resumed exactly by reading a bounded stretch of the source again.
+
+    The buffer fills with the first ``buffer_size`` items; then each step draws
+    a slot at random, hands out its item and puts the source's next item in
+    that slot. Once the source ends, the buffer empties in random order. Draw
+    ``t`` depends on ``(seed, epoch, t)`` only (:class:`Draws`), never on a
+    global RNG, so item ``k`` of the shuffled sequence is a pure function of the
+    source's sequence, the seed and the epoch: resumed on any number of
+    processes or workers, the sequence goes on.
+
+    Args:
+        source: What to shuffle: a map-style dataset, a ``datasets.Dataset`` or
+            ``IterableDataset``, a stateful iterable or another of this
+            package's sources (a ``Mixture`` of documents, say).
+        buffer_size: Items held, at least 1 (1: the source's order).
+        seed: A non-negative int, the same on every rank; another seed gives
+            another order. The epoch (``set_epoch``) changes the order too.
+
+    Position (the ``"position"`` of ``state_dict()``): ``from`` (the source's
+    position before ``from_read`` items were read), ``read`` (items read from
+    the source so far), ``slots`` (for each buffer slot, the number of items
+    read before its item: ``buffer_size`` integers, a tuple), ``draws`` (draws made so
+    far) and ``ended`` (whether the source has ended). A resume opens the source
+    at ``from`` and reads ``read - from_read`` items again, keeping those named
+    in ``slots``. ``from`` is refreshed every ``buffer_size / 16`` reads to the
+    latest it may be, so ``read - from_read`` is the age of the oldest buffered
+    item plus at most ``buffer_size / 8``: about ``buffer_size * (ln(buffer_size) + 1)``
+    (measured in ``docs/sources/shuffle.md``).
+
+    Examples:
+        >>> order = list(Shuffled(range(10), buffer_size=4, seed=0))
+        >>> sorted(order) == list(range(10))
+        True
+    """
+
+    def __init__(self, source: Any, buffer_size: int, *, seed: int = 0) -> None:
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+            raise UnsupportedConfigError(
+                f"Shuffled(buffer_size={buffer_size!r}): the buffer must hold at least one item; pass an int >= 1"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise UnsupportedConfigError(
+                f"Shuffled(seed={seed!r}): the seed must be an int >= 0, the same on every rank"
+            )
+        self.source, self.buffer_size, self.seed = source, buffer_size, seed
+
+    def open(self, position: Optional[Any], epoch: int) -> Cursor:
+        return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
+
+
+class _BufferCursor:
+    """The buffer: items in slots, each slot's read number, and positions of the source to read again from."""
+
+    def __init__(self, owner: Shuffled, epoch: int, saved: Optional[dict]) -> None:
+        self._size = owner.buffer_size
+        self._every = max(1, owner.buffer_size // 16)  # reads between two source positions kept
+        self._draw = Draws(owner.seed, epoch)
+        start = saved or {"from": None, "from_read": 0, "read": 0, "slots": [], "draws": 0, "ended": False}
+        self._source = open_source(owner.source, start["from"], epoch)
+        self._marks = collections.deque([(start["from_read"], start["from"])])  # (read, position) oldest first
+        self._read, self._draws, self._ended = start["from_read"], start["draws"], start["ended"]
+        self._slots: list = list(start["slots"])
+        self._items: list = [None] * len(self._slots)
+        self._refill(start["read"])
+
+    def _refill(self, read: int) -> None:
+        wanted = {number: slot for slot, number in enumerate(self._slots)}
+        if len(wanted) != len(self._slots) or not all(self._read <= number < read for number in wanted):
+            raise CheckpointError(
+                f"the saved buffer of a Shuffled names items outside the stretch it says to read again ({self._read} "
+                f"to {read}); the checkpoint is damaged: resume from another one, or start without loading"
+            )
+        while self._read < read:
+            number = self._read
+            try:
+                item = next(self._source)
+            except StopIteration:
+                raise CheckpointError(
+                    f"the source of a Shuffled ended after {number} items, where the saved buffer had read {read}; "
+                    "resume with the source the checkpoint was written with, or start the run without loading"
+                ) from None
+            self._read += 1
+            if number in wanted:
+                self._items[wanted[number]] = item
+
+    def _next_item(self) -> Any:
+        """The source's next item, keeping a position of the source every ``_every`` reads."""
+        if self._read % self._every == 0 and self._marks[-1][0] < self._read:
+            oldest = min(self._slots, default=self._read)
+            while len(self._marks) > 1 and self._marks[1][0] <= oldest:
+                self._marks.popleft()
+            self._marks.append((self._read, self._source.position()))
+        item = next(self._source)
+        self._read += 1
+        return item
+
+    def __next__(self) -> Any:
+        while not self._ended and len(self._items) < self._size:
+            try:
+                item = self._next_item()
+            except StopIteration:
+                self._ended = True
+                break
+            self._items.append(item)
+            self._slots.append(self._read - 1)
+        if not self._items:
+            raise StopIteration
+        slot = self._draw(self._draws) % len(self._items)
+        self._draws += 1
+        out = self._items[slot]
+        if not self._ended:
+            try:
+                self._items[slot] = self._next_item()
+                self._slots[slot] = self._read - 1
+                return out
+            except StopIteration:
+                self._ended = True
+        self._items[slot], self._slots[slot] = self._items[-1], self._slots[-1]
+        self._items.pop()
+        self._slots.pop()
+        return out
+
+    def position(self) -> dict:
+        read, position = self._marks[0]
+        return {"from": plain_copy(position), "from_read": read, "read": self._read, "slots": tuple(self._slots),
+                "draws": self._draws, "ended": self._ended}
+
+
+def _checked(position: Optional[Any], size: int) -> Optional[dict]:
+    if position is None:
+        return None
+    if (isinstance(position, dict) and set(position) == _POSITION_KEYS
+            and isinstance(position["slots"], (list, tuple)) and len(position["slots"]) <= size
+            and all(isinstance(position[key], int) for key in ("from_read", "read", "draws"))):
+        return position
+    raise CheckpointError(
+        f"the saved position of a Shuffled source is not one it wrote with buffer_size={size} (got "
+        f"{str(position)[:200]}); resume with the buffer_size the checkpoint was written with, or start without loading"
+    )
+
+
+def exact_shuffle(dataset: Any) -> GlobalStream:
+    """A shuffled 🤗 ``datasets.IterableDataset`` in its own order, item for item, that resumes exactly.
+
+    ``dataset`` ends with ``.shuffle(seed=..., buffer_size=...)``. Iterated,
+    the result gives the items stock ``for x in dataset`` gives, in the same
+    order, in every epoch (``set_epoch`` reshuffles the shards and the buffer as
+    ``datasets`` does). Unlike the dataset's own ``state_dict()``, which drops
+    the buffer (about ``buffer_size`` items lost at each resume), its position
+    names the rows the buffer held when it was last permuted by the number of
+    rows read before each, with the generator's state before that permutation
+    and the input's state from before the oldest of those rows; a resume reads
+    that stretch of the input again (measured in ``docs/sources/shuffle.md``).
+
+    The result is one of this package's sources: read by ``DataLoader``
+    workers, each reads the whole stream and keeps its share, so it resumes on
+    any number of processes and workers; and it composes (``Packed(exact_shuffle(ds), ...)``).
+
+    Raises:
+        UnsupportedConfigError: ``dataset`` is not a ``datasets.IterableDataset``
+            whose last step is ``shuffle()``, or it has ``with_format()`` or
+            ``split_dataset_by_node()`` (the loader splits the stream itself).
+
+    Examples:
+        >>> ds = load_dataset("json", data_files=files, split="train", streaming=True)  # doctest: +SKIP
+        >>> stream = exact_shuffle(ds.shuffle(seed=42, buffer_size=10_000))  # doctest: +SKIP
+        >>> list(stream) == list(ds.shuffle(seed=42, buffer_size=10_000))  # doctest: +SKIP
+        True
+    """
+    from ._shuffle_hf import HFShuffled
+
+    return HFShuffled(dataset)
