@@ -134,12 +134,37 @@ def open_source(source: Any, position: Optional[Any], epoch: int = 0) -> Cursor:
     if not isinstance(source, IterableDataset) and hasattr(source, "__len__") and hasattr(source, "__getitem__"):
         return _IndexCursor(source, position)
     if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
+        _refuse_shuffle_buffer(source)
         return _StatefulCursor(source, position, epoch)
     raise UnsupportedConfigError(
         f"a {type(source).__name__} cannot be resumed where it stopped: it has no state_dict() and no index. "
         "Give a map-style dataset (with __len__ and __getitem__), a datasets.Dataset or IterableDataset, or an "
         "iterable with state_dict() and load_state_dict()"
     )
+
+
+def _refuse_shuffle_buffer(source: Any) -> None:
+    """A ``datasets.IterableDataset`` with a shuffle buffer in its pipeline drops the buffer from its own
+    ``state_dict()`` (about ``buffer_size`` items lost at each resume): refused as a child, with the fix."""
+    if not type(source).__module__.startswith("datasets"):
+        return  # datasets is not imported for a source that is not one of its datasets
+    from datasets.iterable_dataset import BufferShuffledExamplesIterable
+
+    pending, last = [getattr(source, "_ex_iterable", None)], True
+    while pending:
+        node = pending.pop()
+        if isinstance(node, BufferShuffledExamplesIterable):
+            fix = ("pass exact_shuffle(dataset) instead (accelerate_stateful.sources): the same items in the same "
+                   "order, resumed exactly" if last else
+                   "make shuffle() its last step and pass exact_shuffle(dataset), or shuffle with "
+                   "accelerate_stateful.sources.Shuffled")
+            raise UnsupportedConfigError(
+                "a datasets.IterableDataset with a shuffle buffer (.shuffle(buffer_size=...)) cannot be resumed "
+                f"through its own state_dict(), which leaves out what the buffer holds; {fix}"
+            )
+        last = False
+        pending += [child for child in [getattr(node, "ex_iterable", None)] + list(getattr(node, "ex_iterables", ()))
+                    if child is not None]
 
 
 class GlobalStream(IterableDataset):

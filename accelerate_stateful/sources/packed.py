@@ -95,6 +95,20 @@ class Packed(GlobalStream):
         return _PackCursor(self, open_source(self.source, position["source"], epoch), list(position["carry"]))
 
 
+    def agree(self, positions: list) -> tuple[list, list[str]]:
+        """Passed on to the source when it is a global sequence (``GlobalStream.agree``): a share's source
+        position is where its packer has read to, which is what the source's shares agree on."""
+        if not isinstance(self.source, GlobalStream):
+            return positions, []
+        below, lines = self.source.agree([None if p is None else p["source"] for p in positions])
+        agreed = [
+            None if position is None and child is None
+            else {"source": child, "carry": [] if position is None else position["carry"]}
+            for position, child in zip(positions, below)
+        ]
+        return agreed, lines
+
+
 class _PackCursor:
     """Rows from a cursor over documents; ``tokens[start:]`` is the carry."""
 

@@ -94,6 +94,31 @@ class Shuffled(GlobalStream):
         return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
 
 
+    def agree(self, positions: list) -> tuple[list, list[str]]:
+        """Passed on to the source when it is a global sequence (``GlobalStream.agree``), for a fresh pass.
+
+        A resumed buffer reads its source again from before its oldest item, and must read the same items
+        it read then: a change below it (a mixture's new weights) cannot take effect there without
+        changing what the buffer held, so it is refused.
+        """
+        if not isinstance(self.source, GlobalStream):
+            return positions, []
+        if all(position is None for position in positions):  # a fresh pass: the buffer starts empty
+            below, lines = self.source.agree(list(positions))
+            fresh = {"from_read": 0, "read": 0, "slots": (), "draws": 0, "ended": False}
+            return [None if child is None else dict(fresh, **{"from": child}) for child in below], lines
+        below, lines = self.source.agree([None if p is None else p["from"] for p in positions])
+        if lines:
+            raise UnsupportedConfigError(
+                f"cannot resume a Shuffled over a {type(self.source).__name__} with this change ("
+                + "; ".join(lines) + "): the buffer reads its source again from before its oldest item and "
+                "must find the items it held. Resume with the saved settings, and change them at the start of "
+                "an epoch, or shuffle each source below the mixture (Mixture({name: Shuffled(source, ...)}))"
+            )
+        agreed = [None if p is None else dict(p, **{"from": child}) for p, child in zip(positions, below)]
+        return agreed, lines
+
+
 class _BufferCursor:
     """The buffer: items in slots, each slot's read number, and positions of the source to read again from."""
 
