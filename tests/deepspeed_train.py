@@ -37,11 +37,13 @@ from accelerate_stateful import Accelerator, UnsupportedConfigError
 from accelerate_stateful.training import _accumulation
 
 STEPS, ACCUMULATION = 8, 2
-BF16_FP32 = {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}  # bf16, fp32 accumulation
+BF16 = {"bf16": {"enabled": True}}  # bf16 parameters, gradients accumulated in bf16
+BF16_FP32 = {**BF16, "data_types": {"grad_accum_dtype": "fp32"}}  # bf16 parameters, fp32 accumulation
 # name: (ZeRO stage, DeepSpeed config added, saves resumed from, saves that must be refused); micro-step 3 is
 # inside a window, 4 ends one.
 SCENARIOS = {
     "zero0": (0, {}, (3,), ()),
+    "zero0_bf16": (0, BF16, (3,), ()),
     "zero1": (1, {}, (3,), ()),
     "zero1_bf16_fp32": (1, BF16_FP32, (), (3,)),
     "zero2": (2, {}, (4,), (3,)),
