@@ -13,13 +13,16 @@ window ends, as on GPUs. DeepSpeed's CPU accelerator compiles a shared-memory al
 40 s) when its communication starts; that kernel serves inference only (``inference_all_reduce``), so the
 script marks it unavailable and training communicates over gloo, as it does without the kernel.
 
-Each scenario of ``SCENARIOS`` (ZeRO stage, micro-steps after which to save) trains ``STEPS`` micro-steps of a
-tiny MLP with dropout, AdamW, clipping (DeepSpeed's ``gradient_clipping``), gradient accumulation 2 and
-augmentation drawn in ``__getitem__``. ``full`` saves after each micro-step listed into
-``<out>/<name>_<step>`` and, for each of ``REFUSED``, tries a save that must be refused on every rank and leave
-nothing behind. ``resume`` loads each checkpoint in a fresh process and trains to the end. Each writes
-``<out>/<phase>_rank<r>.pt``: per run, every micro-step's loss (``float.hex``), the final parameters and the
-optimizer state (this rank's partition), and per refused save the error and what was found on disk after it.
+Each scenario of ``SCENARIOS`` (a ZeRO stage, DeepSpeed configuration added to the plugin's) trains ``STEPS``
+micro-steps of a tiny MLP with dropout, AdamW, clipping (DeepSpeed's ``gradient_clipping``), gradient
+accumulation 2 and augmentation drawn in ``__getitem__``, one scenario after another in the same processes.
+``full`` saves after each micro-step of its saves into ``<out>/<name>_<step>`` and tries, after each of its
+refused ones, a save that must be refused on every rank and leave nothing behind. ``resume`` loads each
+checkpoint and trains to the end; it runs in a fresh launch, so nothing of the saving run is left but the
+checkpoint. Each writes ``<out>/<phase>_rank<r>.pt``: per run, every micro-step's loss (``float.hex``), the
+final parameters and optimizer state (ZeRO-3: this rank's partition of the parameters; ZeRO-1/2/3: this
+rank's partition of the optimizer state), the names of the gradients each save carried, and per refused save
+the error and the files it left.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ def main() -> None:
     parser.add_argument("--phase", choices=("full", "resume"), required=True)
     args = parser.parse_args()
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # inference-only kernel: see the docstring
+    args.out.mkdir(parents=True, exist_ok=True)
     runs = {}
     for name, (stage, config, saves, refused) in SCENARIOS.items():
         if args.phase == "full":

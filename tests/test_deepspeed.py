@@ -29,13 +29,14 @@ PARAMETERS = 6  # the MLP's weights and biases
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 def test_deepspeed_zero_resumes_bitwise_or_refuses_a_save_inside_a_window_before_writing(tmp_path):
+    out = tmp_path / "out"  # the checkpoints alone: a refused save must leave nothing new here
     for phase in ("full", "resume"):  # the resume is a fresh launch: nothing of the saving run is left
-        done = mp_harness.launch(mp_harness.torchrun_command(SCRIPT, ["--out", tmp_path, "--phase", phase]),
+        done = mp_harness.launch(mp_harness.torchrun_command(SCRIPT, ["--out", out, "--phase", phase]),
                                  tmp_path / f"{phase}.launch", timeout_s=180, DS_ACCELERATOR="cpu")
         assert done.ok, done.report()
     for rank in range(2):
-        full = torch.load(tmp_path / f"full_rank{rank}.pt", weights_only=False)
-        resumed = torch.load(tmp_path / f"resume_rank{rank}.pt", weights_only=False)
+        full = torch.load(out / f"full_rank{rank}.pt", weights_only=False)
+        resumed = torch.load(out / f"resume_rank{rank}.pt", weights_only=False)
         for name, saved in CARRIED.items():
             assert len(full[name]["carried"][saved]) == PARAMETERS, (rank, name, full[name]["carried"])
         for name, saved in AT_BOUNDARY.items():

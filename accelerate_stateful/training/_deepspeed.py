@@ -51,15 +51,16 @@ def _keeper(engine: Any) -> Optional[str]:
         return None
     if stage >= 2:
         return name
-    if getattr(optimizer, "cpu_offload", False):
-        return f"{name} with offload_optimizer"
     model_dtype, accumulation_dtype = engine.get_data_types()
     if model_dtype != accumulation_dtype:
         return (f"{name} accumulating {_dtype(model_dtype)} gradients in {_dtype(accumulation_dtype)} "
                 "(data_types.grad_accum_dtype)")
-    if type(optimizer).__name__ == "DeepSpeedZeroOptimizer" and getattr(optimizer, "use_grad_accum_attribute", True) \
-            is False:
+    in_grad = ("cpu_offload", "use_grad_accum_attribute")  # both False: ZeRO-1 leaves the sum in .grad
+    if type(optimizer).__name__ == "DeepSpeedZeroOptimizer" and all(getattr(optimizer, a, None) is False
+                                                                      for a in in_grad):
         return None
+    if getattr(optimizer, "cpu_offload", False):
+        return f"{name} with offload_optimizer"
     return f"{name} with DeepSpeed's {type(optimizer).__name__}"
 
 
