@@ -21,7 +21,7 @@ $(STAMP): setup.py
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,deepspeed]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -12,6 +12,9 @@ DOCS = [
 # `nox -s newest` the newest on PyPI, `make test` the whole suite on the pinned set (docs/compatibility.md).
 # transformers 5.3 is the first 5.x whose Trainer has what the integration relies on (_run_epoch, ...).
 TRANSFORMERS = ["transformers>=5.3,<6", "trl>=1.0,<2"]
+# The DeepSpeed release tests/test_deepspeed.py ran against (`make test` installs it): an sdist, built without a
+# compiler (no ops are prebuilt; the test runs none of DeepSpeed's compiled ops).
+DEEPSPEED = "deepspeed==0.19.8"
 # The Accelerate release `make test` and the conformance run (tools/accelerate_conformance.py) pin.
 PINNED = ["accelerate==1.15.0", "torchdata==0.11.0", "safetensors==0.8.0"]
 
@@ -37,6 +40,8 @@ setup(
         "docs": DOCS,
         # accelerate_stateful.transformers (StatefulTrainer, stateful(SFTTrainer)); pinned: 5.23 and trl 1.16.
         "transformers": TRANSFORMERS,
+        # `make test` runs DeepSpeed ZeRO-0..3 for real on 2 CPU processes (tests/test_deepspeed.py) with this release.
+        "deepspeed": [DEEPSPEED],
         # `nox -s conformance`: Accelerate's own tests (fetched from its sdist at run time) with our Accelerator.
         "conformance": ["pytest>=8", "pytest-timeout>=2.3", "parameterized", "psutil", "datasets>=4.7", *PINNED],
         # `make test` pins the integrations to the versions the suite was written against.

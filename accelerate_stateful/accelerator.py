@@ -62,7 +62,8 @@ class Accelerator(accelerate.Accelerator):
             see ``docs/exactness.md``.
         carry_gradients: Save the partial gradient of an accumulation window (each rank's ``.grad``, or the
             states FSDP2 keeps) in every checkpoint taken inside one, and restore it on load (default); a save
-            inside a window under DeepSpeed ZeRO-2/3 or FSDP1, which keep it out of reach, is refused.
+            inside a window where the framework keeps it out of reach (DeepSpeed ZeRO-2/3, some ZeRO-1 setups,
+            FSDP1) is refused.
             ``False`` writes none and refuses nothing.
         *args: Positional arguments of ``accelerate.Accelerator``.
         **kwargs: Everything else ``accelerate.Accelerator`` accepts.

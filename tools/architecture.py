@@ -67,6 +67,8 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_stream_rng.py": "a stream's own global RNG states, seeded per pass and recorded per batch; "
                               + _PLUMBING,
     "training/_fsdp2.py": "where FSDP2 keeps the partial gradient, for training/_accumulation (docs/exactness.md)",
+    "training/_deepspeed.py": "where DeepSpeed keeps the partial gradient, for training/_accumulation "
+                              "(docs/exactness.md)",
     "loaders/_ordered.py": "the in_order=False refusal every variant applies",
     "position/_seeds.py": "mix_seed: seeds derived from the loader's seed, used by every box that draws",
     "position/_sampler_rng.py": "a user sampler's own RNGs reseeded per epoch, and the order's fingerprint (part of "

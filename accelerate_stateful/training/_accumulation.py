@@ -5,11 +5,12 @@ partial sum (gradient sync is off inside the window), and Accelerate's
 checkpoint holds weights, optimizer, scheduler, RNG and the accumulation step
 but not that sum: the step completing the window would differ after a resume.
 The rule: **a checkpoint holds every gradient state that exists when it is
-saved, per rank, where the framework keeps it** (a parameter's ``.grad``; under
-FSDP2 its own states, ``_fsdp2``), and loading puts exactly those back (and
-clears any other), so the restored process is the saved one. Where a framework
-keeps it out of reach (DeepSpeed ZeRO-2/3, FSDP1), a save inside a window is
-refused. The carry is taken, or refused, at ``save_state``'s entry on every
+saved, per rank, where the framework keeps it** (a parameter's ``.grad``, also
+under DeepSpeed ZeRO-0/1 as ``_deepspeed`` tells; under FSDP2 its own states,
+``_fsdp2``), and loading puts exactly those back (and clears any other), so the
+restored process is the saved one. Where a framework keeps it out of reach
+(DeepSpeed ZeRO-2/3 and the ZeRO-1 setups ``_deepspeed`` names, FSDP1), a save
+inside a window is refused. The carry is taken, or refused, at ``save_state``'s entry on every
 rank (:func:`take`), before anything is written.
 
 Layout: ``<checkpoint>/accelerate_stateful/gradients.rank_<r>.safetensors``,
@@ -34,7 +35,7 @@ from safetensors.torch import save as st_save
 from .._context import DistContext
 from ..checkpoint import _checkpoints, _files
 from ..errors import CheckpointError, UnsupportedConfigError
-from . import _fsdp2
+from . import _deepspeed, _fsdp2
 
 
 def gradient_file(checkpoint: Path, rank: int) -> Path:
@@ -79,8 +80,7 @@ def _unreachable(accelerator: Any) -> tuple[Optional[str], bool]:
 
     inside = not accelerator.sync_gradients
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        stage = accelerator.state.deepspeed_plugin.zero_stage
-        return (f"DeepSpeed ZeRO-{stage}" if stage >= 2 else None), inside
+        return _deepspeed.out_of_reach(accelerator), inside
     fsdp1 = getattr(torch.distributed.fsdp, "FullyShardedDataParallel", ())
     wrapped = [model for model in accelerator._models if isinstance(model, fsdp1)]
     if wrapped:
@@ -94,7 +94,8 @@ def collect(models: Iterable[torch.nn.Module], unreachable: Optional[str], insid
 
     Run at ``save_state``'s entry, under ``agree``, so a refusal comes on every rank before anything is
     written. ``unreachable`` names a framework keeping gradients where this package cannot read them
-    (DeepSpeed ZeRO-2/3, FSDP version 1): a save there is refused inside an accumulation window.
+    (DeepSpeed ZeRO-2/3 and some ZeRO-1 setups, FSDP version 1): a save there is refused inside an
+    accumulation window.
     """
     models = list(models)
     if unreachable is not None and inside_window:
