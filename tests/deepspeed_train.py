@@ -34,10 +34,11 @@ import deepspeed
 import torch
 from accelerate.state import AcceleratorState, GradientState, PartialState
 from accelerate.utils import DataLoaderConfiguration, DeepSpeedPlugin, DistributedType
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator, UnsupportedConfigError
 from accelerate_stateful.training import _accumulation
+from sharded_train import Augmented  # the FSDP2 check's data: augmentation drawn in __getitem__
 
 STEPS, ACCUMULATION = 8, 2
 BF16 = {"bf16": {"enabled": True}}  # bf16 parameters, gradients accumulated in bf16
@@ -52,18 +53,6 @@ SCENARIOS = {
     "zero2": (2, {}, (4,), (3,)),
     "zero3": (3, {}, (4,), (3,)),
 }
-
-
-class Augmented(Dataset):
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(3)
-        self.x = torch.randn(40, 6, generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> dict:
-        return {"id": index, "x": self.x[index] + 0.1 * torch.randn(6)}
 
 
 def deepspeed_accelerator(stage: int, config: dict) -> Accelerator:
