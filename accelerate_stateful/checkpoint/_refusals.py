@@ -112,12 +112,16 @@ def _permutation(count: int, fits: Callable[[int, int], bool]) -> Optional[list[
 
 
 def fits(loader: Any, state: Mapping[str, Any]) -> bool:
-    """Whether ``state`` can be loaded into ``loader`` (it raises nothing and changes nothing)."""
+    """Whether ``state`` can be loaded into ``loader`` as it was saved (it raises nothing and changes nothing).
+
+    A state of another batch size does not fit here, though many loaders resume it: two loaders that differ only
+    by their batch size, prepared in the other order, would otherwise each continue the other's position.
+    """
     try:
         loader.validate_state(state)
     except StatefulLoaderError:
         return False
-    return True
+    return loader._batch_change(state) is None
 
 
 def describe(loader: Any) -> str:
