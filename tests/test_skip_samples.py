@@ -156,7 +156,7 @@ def test_the_resume_line_and_inspect_name_the_skipped_samples(caplog, tmp_path):
 
 @pytest.mark.parametrize("kind", ["shard", "dispatcher"])
 def test_inspect_reads_the_skipped_samples_and_the_shorter_epoch_as_the_resumed_loader_does(kind):
-    from accelerate_stateful.cli._loaders import restored_loader
+    from accelerate_stateful.cli._loaders import rank_batches, restored_loader
     from accelerate_stateful.cli._report import _map_position
 
     make = (lambda w, r: shard(w, r, 3, even=True)) if kind == "shard" else (lambda w, r: dispatcher(w, r, 3))
@@ -169,3 +169,5 @@ def test_inspect_reads_the_skipped_samples_and_the_shorter_epoch_as_the_resumed_
         assert read["skipped_samples"] == [[0, 9, 20]]
         assert (read["batches_in_epoch"], read["epoch_fraction"]) == (len(loader), loader.progress())
         assert read["samples_in_epoch"] == N - 11
+        listed = rank_batches(restored_loader(states, rank, 2), loader.batches_yielded)  # what `samples` prints
+        assert listed == [b.tolist() for b in loader] and not set(ORDER[9:20]) & {i for b in listed for i in b}

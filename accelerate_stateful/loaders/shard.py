@@ -251,6 +251,10 @@ class ShardDataLoader(DataLoaderAdapter):
             memo.append(fingerprint(self._cached_order[1]))
         return memo[0]
 
+    def _pass_indices(self) -> torch.Tensor:
+        """The epoch's order as this epoch is read: without the positions ``skip_samples`` left out."""
+        return _skips.kept(self._epoch_indices(), self._skips, self._epoch)
+
     def _use_order_of(self, world: int) -> None:
         """Read the epoch in the order it has on ``world`` processes (a ``DistributedSampler``'s depends on it)."""
         self._order = self._base_order.at_world(world)
@@ -268,8 +272,7 @@ class ShardDataLoader(DataLoaderAdapter):
         # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
         where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
         pipeline = self._pipeline
-        indices = _skips.kept(self._epoch_indices(), self._skips, self._epoch)
-        self._sampler.set_pass(indices, plan, step, functools.partial(pipeline.tag, where))
+        self._sampler.set_pass(self._pass_indices(), plan, step, functools.partial(pipeline.tag, where))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
         for batch in pipeline.fetch(self._open_base(), where, step, read_ahead):
             step += 1

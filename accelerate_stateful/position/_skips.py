@@ -15,9 +15,6 @@ import torch
 
 from ..errors import UnsupportedConfigError
 
-Range = tuple[int, int, int]  # (epoch, start, stop)
-
-
 def merged(ranges: Sequence[Sequence[int]]) -> list[list[int]]:
     """``ranges`` sorted, with overlapping or touching ranges of one epoch joined (the state's form)."""
     out: list[list[int]] = []
@@ -102,9 +99,3 @@ def check_saved(ranges: Any, where: str) -> list[list[int]]:
             "state is damaged or was edited by hand, resume from another checkpoint"
         )
     return merged(ranges)
-
-
-def describe(ranges: Sequence[Sequence[int]], epoch: int) -> str:
-    """The ranges of ``epoch`` and later, in words (``""`` for none)."""
-    later = [r for r in ranges if r[0] >= epoch]
-    return ", ".join(f"[{start}, {stop}) of epoch {e}" for e, start, stop in later)
