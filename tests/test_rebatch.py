@@ -289,3 +289,11 @@ def test_two_loaders_differing_only_by_batch_size_prepared_in_the_other_order_ar
     accelerator, loaders = prepared((4, 5))  # a new batch size for the first: resumed at it
     accelerator.load_state(tmp_path / "ckpt")
     assert [loader.batch_size for loader in loaders] == [4, 5]
+
+
+def test_a_dispatcher_rank_without_the_readers_state_refuses_another_batch_size_and_says_where_it_resumes():
+    """A process's own state (as torch.distributed.checkpoint loads it) lacks the main process's reader."""
+    taken = [take(dispatcher(2, r, 3), 1) for r in range(2)]
+    with pytest.raises(UnsupportedConfigError, match=r"batch_size=4 \(was 3\).*accelerator.load_state\(\)/resume\(\) "
+                                                     r"hands it to every process.*resume with batch_size=3"):
+        dispatcher(2, 1, 4).load_state_dict(dict(through_files(taken[1][1], 1), base=None))  # (as a real rank 1's)

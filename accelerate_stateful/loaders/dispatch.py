@@ -231,7 +231,13 @@ class DispatchDataLoader(DataLoaderAdapter):
     def _rebatch_refusal(self, state_dict: Mapping[str, Any]) -> Optional[str]:
         base = state_dict.get(S.BASE)
         if not isinstance(base, Mapping) or not isinstance(base.get(S.CONFIG), Mapping):
-            return super()._rebatch_refusal(state_dict)  # (a damaged state: refused with the batch sizes)
+            saved, current = self._batch_change(state_dict)
+            return (
+                f"this run has batch_size={current} (was {saved}), and the dispatcher cuts the rest of the epoch "
+                "again from the main process's reader state, which this process's state lacks; "
+                "accelerator.load_state()/resume() hands it to every process; elsewhere (torch.distributed."
+                f"checkpoint) resume with batch_size={saved}"
+            )
         return self._reader._rebatch_refusal(base) if self._reader._batch_change(base) else None
 
     def needs_all_ranks(self, state_dict: Mapping[str, Any]) -> bool:
@@ -270,8 +276,9 @@ class DispatchDataLoader(DataLoaderAdapter):
         base = state_dict[S.BASE]
         if self._reads or self.needs_all_ranks(state_dict):  # (every rank's reader then plans the same rest)
             self._reader.load_state_dict(base)
-        elif hasattr(self._reader, "_skips"):
-            self._reader._start_epoch(state_dict[S.EPOCH])  # its length, with the epoch's samples left out
+        elif hasattr(self._reader, "_skips"):  # its length, with the epoch's samples left out
+            self._reader._skips = _skips.check_saved(state_dict.get(S.SKIPPED, []), "")
+            self._reader._start_epoch(state_dict[S.EPOCH])
         self._steps = state_dict[S.BATCHES_YIELDED]
         self._step_origin = tuple(state_dict.get(ORIGIN) or (0, 0))
         self._samples = state_dict.get(TAKEN, base.get(S.SAMPLES_CONSUMED, 0) if isinstance(base, Mapping) else 0)
