@@ -171,3 +171,18 @@ def test_inspect_reads_the_skipped_samples_and_the_shorter_epoch_as_the_resumed_
         assert read["samples_in_epoch"] == N - 11
         listed = rank_batches(restored_loader(states, rank, 2), loader.batches_yielded)  # what `samples` prints
         assert listed == [b.tolist() for b in loader] and not set(ORDER[9:20]) & {i for b in listed for i in b}
+
+
+def test_the_dispatcher_places_a_range_after_a_seek_and_refuses_one_it_cannot_place():
+    loader = dispatcher(2, 1)
+    loader.seek(3)  # skip_first_batches: 3 steps of 4 samples
+    with pytest.raises(UnsupportedConfigError, match=r"before position 12"):
+        loader.skip_samples(8, 10)
+    loader.skip_samples(12, 14)
+    assert loader.skipped_samples == [(0, 12, 14)]
+    _, states = take([dispatcher(2, r) for r in range(2)], 1)
+    earlier = {k: v for k, v in states[0].items() if k != "samples_taken"}  # as an earlier release wrote it
+    resumed_loader = dispatcher(2, 0)
+    resumed_loader.load_state_dict(earlier)
+    with pytest.raises(UnsupportedConfigError, match=r"written by an earlier release.*save a checkpoint with this"):
+        resumed_loader.skip_samples(20, 22)

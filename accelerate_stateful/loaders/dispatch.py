@@ -156,7 +156,8 @@ class DispatchDataLoader(DataLoaderAdapter):
             upcoming = self._step_from(source, group)
             tokens, batch = current
             last = upcoming is None
-            self._samples += find_batch_size(batch)  # (every rank holds the global batch, before its padding)
+            if self._samples is not None:  # (every rank holds the global batch, before its padding)
+                self._samples += find_batch_size(batch)
             part = self._part(batch, last)
             for token in tokens:
                 self._reader._commit(token)
@@ -281,7 +282,7 @@ class DispatchDataLoader(DataLoaderAdapter):
             self._reader._start_epoch(state_dict[S.EPOCH])
         self._steps = state_dict[S.BATCHES_YIELDED]
         self._step_origin = tuple(state_dict.get(ORIGIN) or (0, 0))
-        self._samples = state_dict.get(TAKEN, base.get(S.SAMPLES_CONSUMED, 0) if isinstance(base, Mapping) else 0)
+        self._samples = state_dict.get(TAKEN)  # None in a state of an earlier release: skip_samples is refused
         if rebatched:
             # The reader re-cut the rest of its epoch into batches of the new size; what was taken counts in
             # steps of the new size, and the rest is cut in steps of the new size from there.
@@ -309,6 +310,12 @@ class DispatchDataLoader(DataLoaderAdapter):
         reader = self._reader
         if not hasattr(reader, "_skips"):
             reader.skip_samples(start, stop, epoch)  # a stream: refused, with the reason
+        if self._samples is None:
+            raise UnsupportedConfigError(
+                "skip_samples() cannot place this dispatcher's position: it was resumed from a checkpoint written by "
+                "an earlier release, which did not record the samples taken on every process; save a checkpoint "
+                "with this release (at the next one) and call skip_samples after resuming from it"
+            )
         epoch = self._epoch if epoch is None else epoch
         _skips.check_new(reader._skips, epoch, start, stop, current_epoch=self._epoch, consumed=self._samples,
                          length=reader._order.num_samples)
@@ -331,8 +338,11 @@ class DispatchDataLoader(DataLoaderAdapter):
         if num_batches < steps:
             # Before the steps of this size began: counted as if the whole epoch had run at this size.
             read, steps = self._step_origin = (0, 0)
+        target = min(read + (num_batches - steps) * self._group, len(self._reader))
         if self._reads:
-            self._reader.seek(min(read + (num_batches - steps) * self._group, len(self._reader)))
+            self._reader.seek(target)
+        plan = getattr(self._reader, "_plan", None)  # (map-style: the samples those steps take, on every rank)
+        self._samples = plan.samples_consumed(target) if plan is not None else None
         self._steps = num_batches
 
 
