@@ -132,9 +132,12 @@ def test_a_stream_refuses_to_skip_samples_and_says_where_to_leave_them_out():
 
 
 def test_processes_that_skip_different_samples_do_not_agree():
+    from accelerate_stateful.checkpoint._in_step import _in_words
+
     a, b = shard(2, 0), shard(2, 1)
     a.skip_samples(4, 6)
     assert a._digest()[0] != b._digest()[0]
+    assert _in_words(a._digest()[1]).endswith(", leaving out samples [4, 6) of epoch 0")  # how the refusal says it
     b.skip_samples(4, 6)
     assert a._digest()[0] == b._digest()[0]
 

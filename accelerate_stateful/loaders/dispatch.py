@@ -330,7 +330,8 @@ class DispatchDataLoader(DataLoaderAdapter):
 
     def _digest(self) -> tuple:
         key, point = super()._digest()
-        return (key, tuple(map(tuple, getattr(self._reader, "_skips", ())))), point
+        skips = tuple(map(tuple, getattr(self._reader, "_skips", ())))
+        return (key, skips), point + (skips,)  # every process must leave out the same samples
 
     def _seek(self, num_batches: int) -> None:
         self._refuse_past_end(num_batches)

@@ -453,7 +453,8 @@ class ShardDataLoader(DataLoaderAdapter):
 
     def _digest(self) -> tuple:
         key, point = super()._digest()
-        return (key, tuple(map(tuple, self._skips))), point  # every process must leave out the same samples
+        skips = tuple(map(tuple, self._skips))
+        return (key, skips), point + (skips,)  # every process must leave out the same samples
 
     def _rewind(self) -> None:
         self._use_order_of(self.ctx.world_size)  # a new epoch is this world size's own
