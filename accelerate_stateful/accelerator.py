@@ -388,9 +388,16 @@ def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path
     now = f"{loader.ctx.world_size} ranks x {loader.num_workers} workers"
     saved = state["topology"]
     was = f"{saved.get('world_size')} x {saved.get('num_workers')}"
-    if was == f"{loader.ctx.world_size} x {loader.num_workers}":
+    changes = "" if was == f"{loader.ctx.world_size} x {loader.num_workers}" else f" (was {was})"
+    batch = loader._batch_change(state)
+    if batch is not None:
+        changes += f" with batch_size={batch[1]} (was {batch[0]})"
+    skipped = ", ".join(f"[{start}, {stop}) of epoch {e}" for e, start, stop in loader.skipped_samples if e >= epoch)
+    if skipped:
+        changes += f", leaving out samples {skipped},"
+    if not changes:
         logger.info("loader %d: resuming epoch %d at %s on %s (%s)", index, epoch, progress, now, source)
     else:
         logger.warning(
-            "loader %d: resuming epoch %d at %s on %s (was %s) from %s", index, epoch, progress, now, was, source
+            "loader %d: resuming epoch %d at %s on %s%s from %s", index, epoch, progress, now, changes, source
         )

@@ -22,7 +22,7 @@ For every save point each rank runs:
 
 It also checks that ``state_dict()`` has the same structure before and after
 iteration started, that the checkpoint holds every rank's key, and that a
-checkpoint loaded into loaders with another batch size is refused on every rank.
+checkpoint loaded into loaders over another dataset is refused on every rank.
 Each rank writes ``OUT_DIR/rank<R>.json``: ``{"checks": [...], "failures": [...], "round_trips": N}``.
 """
 
@@ -58,8 +58,8 @@ SAVE_POINTS = [(0, "in_loop"), (3, "in_loop"), (6, "in_loop"), (6, "after_loop")
                (12, "in_loop")]
 
 
-def make_loaders(ctx: DistContext, batch_size: int = BATCH) -> list:
-    main = DataLoader(list(range(MAP_SAMPLES)), batch_size=batch_size, shuffle=True,
+def make_loaders(ctx: DistContext, batch_size: int = BATCH, samples: int = MAP_SAMPLES) -> list:
+    main = DataLoader(list(range(samples)), batch_size=batch_size, shuffle=True,
                       generator=torch.Generator().manual_seed(5))
     aux = DataLoader(CountingStream(STREAM_SAMPLES), batch_size=batch_size)
     return [ShardDataLoader.from_dataloader(main, ctx), IterableShardDataLoader.from_dataloader(aux, ctx)]
@@ -156,12 +156,13 @@ def main() -> None:
             keys = set(FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
             wanted = {f"dataloader.rank_{r}.loader_{i}" for r in range(ctx.world_size) for i in range(2)}
             checks.expect(wanted <= keys, f"the checkpoint holds every rank's keys: {sorted(keys)}")
-        other = LoaderCheckpoint(make_loaders(ctx, batch_size=3))
+        other = LoaderCheckpoint(make_loaders(ctx, samples=MAP_SAMPLES + 1))
         try:
             dcp.load({"dataloader": other}, checkpoint_id=str(folder))
-            checks.expect(False, "a checkpoint for batch_size=2 loaded into batch_size=3 loaders was accepted")
+            checks.expect(False, "a checkpoint for another dataset length was accepted")
         except StateMismatchError as exc:
-            checks.expect("batch_size: saved 2, current 3" in str(exc), f"another batch size is refused: {exc}")
+            expected = f"len(dataset): saved {MAP_SAMPLES}, current {MAP_SAMPLES + 1}"
+            checks.expect(expected in str(exc), f"another dataset is refused: {exc}")
     except Exception:  # recorded for the test to print, then every rank ends (mp_harness_rank.run)
         checks.failures.append(traceback.format_exc())
         raise

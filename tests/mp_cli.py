@@ -3,7 +3,8 @@
 Run under ``accelerate launch`` by ``test_cli.py``: ``mp_cli.py OUT_DIR``. For each kind it prepares a loader
 (a fresh ``Accelerator`` per kind, so each has its own ``dispatch_batches``), takes ``FIRST`` batches, saves
 ``OUT_DIR/<kind>/a``, takes ``SECOND`` more, saves ``OUT_DIR/<kind>/b``, then reads to the end of the epoch.
-Each rank writes ``OUT_DIR/rank<R>.json``: per kind, the sample ids of every batch it took, in order.
+Each rank writes ``OUT_DIR/rank<R>.json``: per kind, the sample ids of every batch it took, in order. Then
+``RESUMED``: two of those checkpoints resumed at another batch size with samples left out.
 """
 
 from __future__ import annotations
@@ -80,11 +81,40 @@ def run_kind(kind: str, out: Path, tmp: Path) -> list[list]:
     return taken
 
 
+# A checkpoint ``a`` of these kinds resumed in this launch at another batch size, with samples left out:
+# (the new batch size of the loader read, the positions of the epoch's order left out). Saved again after one
+# batch as ``OUT_DIR/resumed-<kind>/b``.
+RESUMED = {"shard": (6, (20, 26)), "dispatcher": (3, (20, 26))}
+
+
+def run_resumed(kind: str, out: Path, tmp: Path) -> list[list]:
+    dispatch, make = KINDS[kind]
+    batch, skipped = RESUMED[kind]
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=True, dispatch_batches=dispatch))
+    first, *others = make(tmp)
+    rebatched = DataLoader(first.dataset, batch_size=batch, shuffle=True, num_workers=first.num_workers,
+                           generator=first.generator)
+    loader, *_ = accelerator.prepare(rebatched, *others) if others else [accelerator.prepare(rebatched)]
+    accelerator.load_state(out / kind / "a")
+    loader.skip_samples(*skipped)
+    taken = []
+    for batch_ids in loader:
+        taken.append(_ids(batch_ids))
+        if len(taken) == 1:
+            accelerator.save_state(out / f"resumed-{kind}" / "b")
+    accelerator.wait_for_everyone()
+    return taken
+
+
 def main(out: Path) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in KINDS:
             results[kind] = run_kind(kind, out, Path(tmp))
+        for kind in RESUMED:
+            results[f"resumed-{kind}"] = run_resumed(kind, out, Path(tmp))
     from accelerate.state import PartialState
 
     state = PartialState()

@@ -161,10 +161,10 @@ def test_a_mismatching_checkpoint_is_refused_before_the_model_is_touched(tmp_pat
     AcceleratorState._reset_state(True)
 
     accelerator = make_accelerator(tmp_path)
-    model, _, _ = prepared(accelerator, batch_size=2)
+    model, _, _ = prepared(accelerator, n=24)
     with torch.no_grad():
         model.weight.fill_(-1.0)
-    with pytest.raises(StateMismatchError, match="batch_size: saved 4, current 2"):
+    with pytest.raises(StateMismatchError, match=r"len\(dataset\): saved 22, current 24"):
         accelerator.load_state(path)
     assert model.weight.item() == -1.0
 

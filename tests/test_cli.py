@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
 import json
 import pickle
 import shutil
@@ -148,6 +149,32 @@ def test_samples_of_real_checkpoints_are_the_batches_each_rank_took_and_takes(ru
             last = len(truth) - 1
             step = cli_json("samples", run_dir / kind / save, "--rank", rank, "--step", last)
             assert step["ranks"][0]["batches"] == [{"step": last, "indices": truth[last]}]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", list(mp_cli.RESUMED))
+def test_a_real_checkpoint_resumed_at_another_batch_size_leaves_the_skipped_samples_out(run_dir, kind):
+    """Saved after 2 steps of 8 samples, resumed in the launch at another batch size with positions 20-25 left
+    out: the rest is the epoch's order from 16 without them, cut at the new size; inspect and samples agree."""
+    batch, (start, stop) = mp_cli.RESUMED[kind]
+
+    def in_step_order(per_rank):
+        return [i for step in itertools.zip_longest(*per_rank, fillvalue=[]) for b in step for i in b]
+
+    full = [_taken(run_dir, kind, rank) for rank in range(WORLD)]
+    resumed = [_taken(run_dir, f"resumed-{kind}", rank) for rank in range(WORLD)]
+    length = len(set(in_step_order(full)))
+    order = in_step_order(full)[:length]
+    expected = order[8 * mp_cli.FIRST: start] + order[stop:]
+    delivered = in_step_order(resumed)
+    assert delivered[: len(expected)] == expected and set(delivered[len(expected):]) <= set(order)
+    assert all(len(b) == batch for r in resumed for b in r[:-1])
+    report = cli_json("inspect", run_dir / f"resumed-{kind}" / "b")
+    rows = report["loaders"][0]["ranks"]
+    assert [row["skipped_samples"] for row in rows] == [[[0, start, stop]]] * WORLD
+    assert [row["samples_in_epoch"] for row in rows] == [length - (stop - start)] * WORLD
+    remaining = cli_json("samples", run_dir / f"resumed-{kind}" / "b", "--remaining")
+    assert [[b["indices"] for b in r["batches"]] for r in remaining["ranks"]] == [r[1:] for r in resumed]
 
 
 @pytest.mark.multiprocess

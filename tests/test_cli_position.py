@@ -192,7 +192,7 @@ def test_verify_refuses_exactly_the_states_a_resume_refuses(make):
 def test_verify_refuses_a_dispatcher_rank_that_disagrees_with_the_main_process():
     cfg = dict(world=2, n=23, shuffle=True, drop_last=False, even=True, split=False, bs=3)
     states = list(_save_points(cfg, _dispatcher, 2))[2][1]
-    for damage, change in {"another batch size": lambda s: s["config"].__setitem__("batch_size", 4),
+    for damage, change in {"another dataset": lambda s: s["config"].__setitem__("dataset_length", 24),
                            "another chosen seed": lambda s: s.update(seed=s["seed"] + 1, seed_source="data_seed"),
                            "another rank's file": lambda s: s["topology"].__setitem__("rank", 0)}.items():
         damaged = copy.deepcopy(states)

@@ -131,13 +131,26 @@ def test_two_loaders_at_unrelated_positions_round_trip_together_skip_view_includ
 
 
 # --------------------------------------------------------------------------- refusals
-def test_a_checkpoint_for_another_batch_size_is_refused_and_changes_nothing(tmp_path):
+def test_a_checkpoint_for_another_dataset_is_refused_and_changes_nothing(tmp_path):
     save(tmp_path, shard())
-    loader = shard(batch_size=4)
+    loader = shard(n=24)
     before = loader.state_dict()
-    with pytest.raises(StateMismatchError, match="batch_size: saved 3, current 4"):
+    with pytest.raises(StateMismatchError, match=r"len\(dataset\): saved 23, current 24"):
         load(tmp_path, loader)
     assert loader.state_dict() == before
+
+
+def test_a_shard_loader_resumes_at_another_batch_size(tmp_path):
+    first = shard()
+    it = iter(first)
+    taken = [next(it).tolist() for _ in range(2)]
+    save(tmp_path, first)
+    del it
+    loader = shard(batch_size=4)
+    load(tmp_path, loader)
+    rest = [b.tolist() for b in loader]
+    assert [len(b) for b in rest] == [4, 4, 4, 4, 1]
+    assert sorted(i for b in taken + rest for i in b) == list(range(23))
 
 
 def test_a_checkpoint_with_more_loaders_is_refused_not_silently_cut(tmp_path):
@@ -251,7 +264,7 @@ def test_a_pickle_in_the_buffer_is_refused_without_being_unpickled(tmp_path):
 
 
 def test_a_refused_second_loader_leaves_the_first_unloaded():
-    first, second = shard(), shard(batch_size=4)
+    first, second = shard(), shard(n=24)
     saved = LoaderCheckpoint([_advanced(shard()), _advanced(shard())]).state_dict()
     with pytest.raises(StateMismatchError, match="loader_1"):
         LoaderCheckpoint([first, second]).load_state_dict(saved)

@@ -56,8 +56,9 @@ def test_loaders_prepared_in_another_order_are_named_with_the_fix(tmp_path, orde
 def test_a_changed_setting_in_the_same_order_is_still_listed_setting_by_setting(tmp_path):
     accelerator, _ = accelerator_with(SIZES)
     accelerator.save_state(tmp_path / "ckpt")
-    accelerator, _ = accelerator_with([SIZES[0], (33, 6, False), SIZES[2]])
-    with pytest.raises(StateMismatchError, match=r"batch_size: saved 5, current 6\nuse the same batch_size as the run"):
+    accelerator, _ = accelerator_with([SIZES[0], (34, 5, False), SIZES[2]])
+    with pytest.raises(StateMismatchError, match=r"len\(dataset\): saved 33, current 34\n.*\nuse the same "
+                                                 r"len\(dataset\), samples per epoch"):
         accelerator.load_state(tmp_path / "ckpt")
 
 

@@ -93,6 +93,8 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_carry.py": "the command line's size of a carried gradient, without torch (docs/cli.md)",
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
+    "position/_skips.py": "samples left out of an epoch's order (skip_samples), shared by the shard loader, the "
+                          "dispatcher and the command line",
     "sources/_merge.py": "merging logical-shard positions, shared by the loaders and the command line",
     "sources/packed.py": "Packed, a composable source (a global sequence) read by the stream loader's box "
                          "(docs/sources/packing.md)",

@@ -60,11 +60,13 @@ def refuse_live(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
 
 
 def _in_words(point: tuple) -> str:
-    epoch, taken, phase, live, waiting = point
+    epoch, taken, phase, live, waiting, *skipped = point
     words = f"epoch {epoch} after {taken} batches, {phase}"
     if live is not None:
         handed, trained = live
         words += f", an iterator live ({handed} batches from it, {'trained' if trained else 'not trained'})"
     if waiting:
         words += ", a resumed pass waiting to be continued"
+    if skipped and skipped[0]:
+        words += ", leaving out samples " + ", ".join(f"[{a}, {b}) of epoch {e}" for e, a, b in skipped[0])
     return words

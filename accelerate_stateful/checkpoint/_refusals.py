@@ -112,12 +112,32 @@ def _permutation(count: int, fits: Callable[[int, int], bool]) -> Optional[list[
 
 
 def fits(loader: Any, state: Mapping[str, Any]) -> bool:
-    """Whether ``state`` can be loaded into ``loader`` (it raises nothing and changes nothing)."""
+    """Whether ``state`` can be loaded into ``loader`` as it was saved (it raises nothing and changes nothing).
+
+    A state of another batch size does not fit here, though many loaders resume it: two loaders that differ only
+    by their batch size, prepared in the other order, would otherwise each continue the other's position.
+    """
     try:
         loader.validate_state(state)
     except StatefulLoaderError:
         return False
-    return True
+    return loader._batch_change(state) is None
+
+
+def uneven_batch_sizes(sizes: Sequence[Any], loader: Any, state: Mapping[str, Any], source: str) -> None:
+    """Refuse, on each process whose batch size differs from the checkpoint's, a resume where the processes were
+    given different batch sizes (``sizes``, by rank): the rest of the epoch is cut at one size for all."""
+    change = loader._batch_change(state)
+    if len(set(map(str, sizes))) < 2 or change is None:
+        return
+    given = ", ".join(f"rank {rank}: {size}" for rank, size in enumerate(sizes))
+    raise StateMismatchError(
+        [Mismatch("batch_size", *change)],
+        fix=f"the processes were given different batch sizes ({given}); pass the same batch_size on every process "
+            "(another one than the checkpoint's is resumed when every process has it)",
+        source=source,
+        label=setting,
+    )
 
 
 def describe(loader: Any) -> str:

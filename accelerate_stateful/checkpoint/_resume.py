@@ -167,6 +167,8 @@ def read_states(ctx: DistContext, checkpoint: Path, manifest: dict, loaders: Seq
     states = agree(ctx, own)
     shared = ctx.broadcast(agree(ctx, lambda: _main_states(ctx, checkpoint, manifest, loaders, states)))
     states = [shared[i] if i in shared else state for i, state in enumerate(states)]
+    # Another batch size than the checkpoint's is resumed only if every process has it (each decides alone).
+    sizes = ctx.all_gather([loader._config().get("batch_size") for loader in loaders])
 
     def validate() -> list[Any]:
         refusal = _refusals.order_refusal(
@@ -175,6 +177,9 @@ def read_states(ctx: DistContext, checkpoint: Path, manifest: dict, loaders: Seq
         )
         if refusal is not None:
             raise refusal
+        for index, (loader, state) in enumerate(zip(loaders, states)):
+            _refusals.uneven_batch_sizes([own[index] for own in sizes], loader, state,
+                                         str(_files.state_file(checkpoint, index, ctx.rank)))
         for index, (loader, state) in enumerate(zip(loaders, states)):
             loader.validate_state(state, source=str(_files.state_file(checkpoint, index, ctx.rank)))
         return states

@@ -29,8 +29,10 @@ SEED_SOURCE = "seed_source"
 BASE = "base"
 ORDER_FINGERPRINT = "order_fingerprint"  # a digest of the epoch's order (map-style loaders; optional: older states lack it)
 ORDER_WORLD = "order_world_size"  # the world size whose DistributedSampler shares make the epoch's order
+ORDER_BATCH = "order_batch_size"  # with ORDER_WORLD: the batch size those shares were striped with, if not config's
 STREAM = "stream"  # a stream loader's own position (``loaders.iterable``)
 SOURCE = "source"  # a round-robin loader's source position (``sources.roundrobin``)
+SKIPPED = "skipped_samples"  # ranges [epoch, start, stop] of an epoch's order left out (``position._skips``)
 STEP_ORIGIN = "step_origin"  # a dispatcher's (reader batches, steps) where its epoch's steps of its size began
 
 # The loader kinds, by the ``mode`` their state records (each class's ``mode``).
@@ -83,6 +85,10 @@ class LoaderState(TypedDict):
             before it existed lack it). A resume whose order for that epoch differs is refused.
         order_world_size: Only with a user's ``DistributedSampler``: the number of processes whose shares
             make the epoch's order (the world size the epoch began on).
+        order_batch_size: With ``order_world_size``, when the batch size changed since the epoch began: the batch
+            size whose steps make the epoch's order.
+        skipped_samples: Map-style loaders: the ranges ``[epoch, start, stop]`` of positions of an epoch's order
+            that ``skip_samples`` left out (absent in states written before it existed: none).
     """
 
     format_version: int

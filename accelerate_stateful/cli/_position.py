@@ -139,7 +139,7 @@ def _dispatcher(state: Mapping[str, Any], world: int, rank: int) -> tuple[int, i
     length = steps_before + _steps_for(reader_length - read, group, drop_last)
     complete = state[PASS].get("complete", False) if state.get(PASS) is not None else length > 0 and steps >= length
     if complete:  # the finished epoch, from its start, every step taken
-        length = _steps_for(shard_plan(base[S.CONFIG], 1, 0, 0).num_batches, group, drop_last)
+        length = _steps_for(shard_plan(striped_settings(base[S.CONFIG], base), 1, 0, 0).num_batches, group, drop_last)
         steps = length
     return length, steps
 

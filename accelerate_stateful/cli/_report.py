@@ -82,6 +82,7 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
         "seed_source": state[S.SEED_SOURCE],
         "logical_shards": None,
         "replayed_samples": None,
+        "skipped_samples": None,
     }
     if is_map_style(with_reader(states, rank)):
         row.update(_map_position(ckpt, index, states, rank))
@@ -114,7 +115,9 @@ def _map_position(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict
         ) from None
     shard = _reader_state(states) or states[rank]
     samples = striped_settings(shard[S.CONFIG], shard)["num_samples"]  # a DistributedSampler's: its global order
-    return {**found, "samples_consumed": shard[S.SAMPLES_CONSUMED], "samples_in_epoch": samples}
+    skipped = [list(r) for r in shard.get(S.SKIPPED, [])]
+    return {**found, "samples_consumed": shard[S.SAMPLES_CONSUMED], "samples_in_epoch": samples,
+            "skipped_samples": skipped}
 
 
 def _stream_position(state: Mapping[str, Any]) -> dict:
@@ -145,6 +148,10 @@ def format_report(report: dict) -> str:
         lines += ["", f"loader {loader['loader']}: {loader['kind']}{reads} (format {loader['format_version']}) "
                       f"{config}"]
         lines += _table([_cells(row) for row in loader["ranks"]])
+        skipped = next((row["skipped_samples"] for row in loader["ranks"] if row.get("skipped_samples")), None)
+        if skipped:
+            lines.append("  skipped samples (skip_samples): " + ", ".join(
+                f"[{start}, {stop}) of epoch {epoch}" for epoch, start, stop in skipped))
         for row in loader["ranks"]:
             shards = row.get("logical_shards")
             if shards:

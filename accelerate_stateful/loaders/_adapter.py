@@ -244,6 +244,13 @@ class DataLoaderAdapter(Stateful):
             mismatches.append(Mismatch(S.MODE, state_dict[S.MODE], self.mode))
         config = self._config_at(state_dict[S.TOPOLOGY].get("world_size"))
         mismatches += S.config_mismatches(state_dict[S.CONFIG], config)
+        if any(m.field == "batch_size" for m in mismatches):
+            refusal = self._rebatch_refusal(state_dict)
+            if refusal is None:
+                mismatches = [m for m in mismatches if m.field != "batch_size"]
+            elif len(mismatches) == 1:
+                where = f" ({source})" if source else ""
+                raise UnsupportedConfigError(f"cannot resume{where}: {refusal}")
         seed_mismatch, _, _ = S.resolve_seed(state_dict, self._seed, self._seed_source)
         if seed_mismatch is not None:
             mismatches.append(seed_mismatch)
@@ -284,6 +291,44 @@ class DataLoaderAdapter(Stateful):
         mark = self.merge_rank_states([state[PASS]["origin"]["mark"] for state in states])
         origin = dict(entry["origin"], mark=mark)
         return dict(states[0], **{PASS: dict(entry, origin=origin)})
+
+    def skip_samples(self, start: int, stop: int, epoch: Optional[int] = None) -> None:
+        """Leave out positions ``start`` to ``stop - 1`` of an epoch's order: map-style loaders (``ShardDataLoader``,
+        ``DispatchDataLoader`` over map-style data); refused here."""
+        raise UnsupportedConfigError(
+            f"skip_samples() needs map-style data read by position (DataLoader(batch_size=...) over a dataset with "
+            f"__len__ and __getitem__); the {self.mode} loader over {type(self.dataset).__name__} reads batches or "
+            "a stream, whose samples have no place in a global order to leave out; leave them out in the dataset "
+            "(filter them in __iter__, or wrap the dataset so that it skips them)"
+        )
+
+    @property
+    def skipped_samples(self) -> list:
+        """The ranges ``(epoch, start, stop)`` left out (``skip_samples``): none for this loader."""
+        return []
+
+    def _batch_change(self, state_dict: Mapping[str, Any]) -> Optional[tuple[Any, Any]]:
+        """``(saved, current)`` batch size when this run's differs from the checkpoint's, else ``None``."""
+        saved, current = state_dict[S.CONFIG].get("batch_size"), self._config().get("batch_size")
+        return None if saved == current else (saved, current)
+
+    def _relaid(self, state_dict: Mapping[str, Any]) -> bool:
+        """Whether the saved position is cut into steps of another shape here: another number of processes or
+        another batch size (the rest of the epoch is then re-cut from the first sample nobody took)."""
+        return (state_dict[S.TOPOLOGY].get("world_size") != self.ctx.world_size
+                or self._batch_change(state_dict) is not None)
+
+    def _rebatch_refusal(self, state_dict: Mapping[str, Any]) -> Optional[str]:
+        """Why the saved position cannot continue at this run's batch size (``None``: it can, exactly).
+
+        By default it cannot: the variant's position is a place between batches of the saved size.
+        """
+        saved, current = self._batch_change(state_dict)
+        return (
+            f"the checkpoint was written with batch_size={saved}, this run has batch_size={current}, and the "
+            f"{self.mode} loader's saved position is a place between batches of {saved}, which cannot be cut "
+            f"again into batches of {current}; resume with batch_size={saved}, or start a fresh run"
+        )
 
     # ----------------------------------------------------------------- lifecycle internals
     def _refuse_if_live(self, action: str) -> None:

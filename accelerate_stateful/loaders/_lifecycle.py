@@ -329,7 +329,7 @@ class Lifecycle:
         complete = bool(entry.get("complete", False))
         if complete:
             self.phase = Phase.EXHAUSTED
-        same_topology = state["topology"].get("world_size") == loader.ctx.world_size
+        same_topology = not loader._relaid(state)  # else the finished epoch's batches are counted at this size
         self.pending = Continuation(origin, entry["trained"], entry["peeks"], loader._raw_state(), complete,
                                     entry.get("taken", 0) if same_topology else None)
         self._replays_left = entry["peeks"]

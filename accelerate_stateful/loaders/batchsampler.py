@@ -246,6 +246,17 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
             "split_batches": self._split_batches,
         }
 
+    def _rebatch_refusal(self, state_dict: Mapping[str, Any]) -> Optional[str]:
+        saved, current = self._batch_change(state_dict)
+        name = type(self._user_sampler).__name__
+        return (
+            f"the checkpoint was written with a {name} of batch_size={saved}, this run's has batch_size={current}; "
+            f"your batch_sampler makes the batches and the saved position counts them, so the rest of the epoch "
+            f"cannot be cut into other batches; resume with the same batch_sampler (batch_size={saved}), or pass "
+            "DataLoader(batch_size=..., shuffle=...) without a batch_sampler, whose position counts samples and "
+            "resumes at any batch size"
+        )
+
     def _remainder(self) -> int:
         """Real samples in the epoch's last step when it is padded (what ``gather_for_metrics`` keeps), else -1."""
         steps = self._steps_of_epoch()

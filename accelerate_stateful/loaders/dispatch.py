@@ -12,8 +12,10 @@ from ..checkpoint import _state as S
 from ._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ..errors import UnsupportedConfigError
+from ..position import _skips
 
 FIRST = "first_samples"
+TAKEN = "samples_taken"  # samples of the epoch's order in the global batches the loop took, counted on every rank
 # After a resume on another number of processes, where this epoch's steps of the new size began: the reader's
 # batches taken then, and the steps counted for them. (0, 0) in an epoch started at this size.
 ORIGIN = S.STEP_ORIGIN
@@ -70,6 +72,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         self._steps = 0
         self._step_origin = (0, 0)
         self._first: Any = None
+        self._samples = 0
 
     @classmethod
     def from_dataloader(
@@ -153,6 +156,8 @@ class DispatchDataLoader(DataLoaderAdapter):
             upcoming = self._step_from(source, group)
             tokens, batch = current
             last = upcoming is None
+            if self._samples is not None:  # (every rank holds the global batch, before its padding)
+                self._samples += find_batch_size(batch)
             part = self._part(batch, last)
             for token in tokens:
                 self._reader._commit(token)
@@ -208,7 +213,8 @@ class DispatchDataLoader(DataLoaderAdapter):
         self._reader._release_workers()
 
     def _position_state(self) -> dict:
-        return {S.BATCHES_YIELDED: self._steps, FIRST: self._first, ORIGIN: list(self._step_origin)}
+        return {S.BATCHES_YIELDED: self._steps, FIRST: self._first, ORIGIN: list(self._step_origin),
+                TAKEN: self._samples, S.SKIPPED: [list(r) for r in getattr(self._reader, "_skips", ())]}
 
     def _base_state(self) -> Any:
         return self._reader.state_dict() if self._reads else None
@@ -223,21 +229,42 @@ class DispatchDataLoader(DataLoaderAdapter):
         except TypeError:
             return -1
 
+    def _rebatch_refusal(self, state_dict: Mapping[str, Any]) -> Optional[str]:
+        base = state_dict.get(S.BASE)
+        if not isinstance(base, Mapping) or not isinstance(base.get(S.CONFIG), Mapping):
+            saved, current = self._batch_change(state_dict)
+            return (
+                f"this run has batch_size={current} (was {saved}), and the dispatcher cuts the rest of the epoch "
+                "again from the main process's reader state, which this process's state lacks; "
+                "accelerator.load_state()/resume() hands it to every process; elsewhere (torch.distributed."
+                f"checkpoint) resume with batch_size={saved}"
+            )
+        return self._reader._rebatch_refusal(base) if self._reader._batch_change(base) else None
+
+    def needs_all_ranks(self, state_dict: Mapping[str, Any]) -> bool:
+        # Another batch size, or an epoch re-cut or shortened before: every rank plans the reader's rest of the
+        # epoch (its length) from the main process's reader state. A function of the main process's state, which
+        # every rank then holds.
+        base = state_dict.get(S.BASE)
+        replanned = isinstance(base, Mapping) and bool(base.get(S.STRIPE_ORIGIN) or base.get(S.SKIPPED))
+        return super().needs_all_ranks(state_dict) or self._batch_change(state_dict) is not None or replanned
+
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
         where = f" in {source}" if source else ""
         saved = state_dict[S.TOPOLOGY]
-        if saved.get("world_size") == self.ctx.world_size and saved.get("rank") != self.ctx.rank:
+        merged = self.needs_all_ranks(state_dict)  # every rank was given the main process's state
+        if saved.get("world_size") == self.ctx.world_size and saved.get("rank") != self.ctx.rank and not merged:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: the state belongs to rank {saved.get('rank')}, this is rank "
                 f"{self.ctx.rank}; load each rank's own state"
             )
-        if self._split_batches and self._reader.batch_size % saved.get("world_size", 1) != 0:
+        if self._split_batches and state_dict[S.CONFIG].get("batch_size", 0) % saved.get("world_size", 1) != 0:
             raise UnsupportedConfigError(
                 f"cannot resume{where}: invalid topology {saved!r}; the state is damaged, resume from another "
                 "checkpoint"
             )
         base = state_dict.get(S.BASE)
-        if self._reads or saved.get("world_size") != self.ctx.world_size:
+        if self._reads or merged:
             if not isinstance(base, Mapping):
                 raise UnsupportedConfigError(
                     f"cannot resume{where}: the main process's state has no reader state under '{S.BASE}'; "
@@ -246,14 +273,25 @@ class DispatchDataLoader(DataLoaderAdapter):
             self._reader.validate_state(base, source)
 
     def _restore(self, state_dict: Mapping[str, Any]) -> None:
-        if self._reads:
-            self._reader.load_state_dict(state_dict[S.BASE])
+        rebatched = self._batch_change(state_dict) is not None
+        base = state_dict[S.BASE]
+        if self._reads or self.needs_all_ranks(state_dict):  # (every rank's reader then plans the same rest)
+            self._reader.load_state_dict(base)
+        elif hasattr(self._reader, "_skips"):  # its length, with the epoch's samples left out
+            self._reader._skips = _skips.check_saved(state_dict.get(S.SKIPPED, []), "")
+            self._reader._start_epoch(state_dict[S.EPOCH])
         self._steps = state_dict[S.BATCHES_YIELDED]
         self._step_origin = tuple(state_dict.get(ORIGIN) or (0, 0))
-        if state_dict[S.TOPOLOGY]["world_size"] != self.ctx.world_size:
+        self._samples = state_dict.get(TAKEN)  # None in a state of an earlier release: skip_samples is refused
+        if rebatched:
+            # The reader re-cut the rest of its epoch into batches of the new size; what was taken counts in
+            # steps of the new size, and the rest is cut in steps of the new size from there.
+            self._steps = -(-base.get(S.SAMPLES_CONSUMED, 0) // self.total_batch_size)
+            self._step_origin = (self._reader._batches_taken(), self._steps)
+        elif state_dict[S.TOPOLOGY]["world_size"] != self.ctx.world_size:
             # Elastic: the reader's position is unchanged; what was taken counts in steps of the new size, and
             # the rest of the epoch is cut in steps of the new size from there (so len() counts both).
-            read = state_dict[S.BASE][S.BATCHES_YIELDED]
+            read = base[S.BATCHES_YIELDED]
             self._steps = -(-read // self._group)
             self._step_origin = (read, self._steps)
         self._first = state_dict.get(FIRST)
@@ -262,7 +300,38 @@ class DispatchDataLoader(DataLoaderAdapter):
         self._steps = 0
         self._step_origin = (0, 0)
         self._first = None
+        self._samples = 0
         self._reader._start_epoch(self._epoch)
+
+    def skip_samples(self, start: int, stop: int, epoch: Optional[int] = None) -> None:
+        """Leave out positions ``start`` to ``stop - 1`` of an epoch's order, for good (``ShardDataLoader.skip_samples``;
+        the reader's order is the global one)."""
+        self._refuse_if_live("skip_samples()")
+        reader = self._reader
+        if not hasattr(reader, "_skips"):
+            reader.skip_samples(start, stop, epoch)  # a stream: refused, with the reason
+        if self._samples is None:
+            raise UnsupportedConfigError(
+                "skip_samples() cannot place this dispatcher's position: it was resumed from a checkpoint written by "
+                "an earlier release, which did not record the samples taken on every process; save a checkpoint "
+                "with this release (at the next one) and call skip_samples after resuming from it"
+            )
+        epoch = self._epoch if epoch is None else epoch
+        _skips.check_new(reader._skips, epoch, start, stop, current_epoch=self._epoch, consumed=self._samples,
+                         length=reader._order.num_samples)
+        reader._skips = _skips.merged(reader._skips + [[epoch, start, stop]])
+        if epoch == reader._epoch:
+            reader._plan = reader._plan_from(reader._plan.origin)
+
+    @property
+    def skipped_samples(self) -> list[tuple[int, int, int]]:
+        """The ranges ``(epoch, start, stop)`` left out (``skip_samples``), as saved with the position."""
+        return [tuple(r) for r in getattr(self._reader, "_skips", ())]
+
+    def _digest(self) -> tuple:
+        key, point = super()._digest()
+        skips = tuple(map(tuple, getattr(self._reader, "_skips", ())))
+        return (key, skips), point + (skips,)  # every process must leave out the same samples
 
     def _seek(self, num_batches: int) -> None:
         self._refuse_past_end(num_batches)
@@ -270,8 +339,11 @@ class DispatchDataLoader(DataLoaderAdapter):
         if num_batches < steps:
             # Before the steps of this size began: counted as if the whole epoch had run at this size.
             read, steps = self._step_origin = (0, 0)
+        target = min(read + (num_batches - steps) * self._group, len(self._reader))
         if self._reads:
-            self._reader.seek(min(read + (num_batches - steps) * self._group, len(self._reader)))
+            self._reader.seek(target)
+        plan = getattr(self._reader, "_plan", None)  # (map-style: the samples those steps take, on every rank)
+        self._samples = plan.samples_consumed(target) if plan is not None else None
         self._steps = num_batches
 
 

@@ -306,6 +306,19 @@ class IterableShardDataLoader(DataLoaderAdapter):
             return (steps * self._per_rank) % self.total_batch_size
         return length % self.total_batch_size
 
+    def _rebatch_refusal(self, state_dict: Mapping[str, Any]) -> Optional[str]:
+        stream = state_dict.get(STREAM)
+        if state_dict[S.BATCHES_YIELDED] == 0 and isinstance(stream, Mapping) and not any(stream.get("taken") or ()):
+            return None  # an epoch nobody began: read at the new batch size as a fresh run reads it
+        saved, current = self._batch_change(state_dict)
+        return (
+            f"the checkpoint was written with batch_size={saved}, this run has batch_size={current}, and it was "
+            f"saved inside an epoch of a stream, whose saved position is each reader's place after its last batch "
+            f"of {saved} (with the first batch kept to pad the epoch's end), which cannot be cut again into "
+            f"batches of {current}; resume with batch_size={saved} until the epoch ends and change it from a "
+            "checkpoint saved at an epoch's end (after its last batch), or start a fresh run"
+        )
+
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
         where = f" in {source}" if source else ""
         saved = state_dict[S.TOPOLOGY]

@@ -17,6 +17,7 @@ from ..position._order import EpochOrder, SamplerOrder, choose_seed, mix_seed, o
 from ..position._sampler_rng import fingerprint
 from ._ordered import require_in_order
 from ..training._rng import PipelineRNG
+from ..position import _skips
 from ..position._plan import ShardPlan
 from ..checkpoint import _refusals
 from ..position._saved import check_saved_steps, check_saved_topology, shard_plan
@@ -119,6 +120,7 @@ class ShardDataLoader(DataLoaderAdapter):
         if getattr(order, "sampler", None) is not None and owns_sharding(order.sampler, ctx.world_size, ctx.rank):
             order = DistributedOrder(order.sampler, self._plan_at, ctx.world_size)
         self._base_order = self._order = order
+        self._skips: list[list[int]] = []  # [epoch, start, stop] ranges of positions left out (``skip_samples``)
         self._plan = self._plan_from(0)
         self._consumed = 0
         self._cached_order: tuple[tuple[int, int, int], torch.Tensor, list] = ((-1, -1, -1), torch.empty(0), [])
@@ -202,16 +204,22 @@ class ShardDataLoader(DataLoaderAdapter):
 
     # ----------------------------------------------------------------- position hooks
     def _plan_from(
-        self, origin: int, world: Optional[int] = None, rank: Optional[int] = None, order: Optional[EpochOrder] = None
+        self, origin: int, world: Optional[int] = None, rank: Optional[int] = None, order: Optional[EpochOrder] = None,
+        batch_size: Optional[int] = None, skipped: Optional[int] = None,
     ) -> ShardPlan:
-        """This epoch's plan from ``origin``, for this rank (or for another topology, to check a saved state)."""
+        """This epoch's plan from ``origin``, for this rank (or for another topology, to check a saved state),
+        over the epoch's order without the ``skipped`` positions left out (by default, this epoch's)."""
         world = self.ctx.world_size if world is None else world
         rank = self.ctx.rank if rank is None else rank
-        return self._plan_at(world, rank, (order or self._order).num_samples, origin)
+        skipped = _skips.count(self._skips, self._epoch) if skipped is None else skipped
+        return self._plan_at(world, rank, (order or self._order).num_samples - skipped, origin, batch_size)
 
-    def _plan_at(self, world: int, rank: int, num_samples: int, origin: int = 0) -> ShardPlan:
-        """How an order of ``num_samples`` is striped on ``world`` processes (the user's batch settings)."""
-        settings = {"batch_size": self._loader_batch_size, "num_samples": num_samples, "drop_last": self._drop_last,
+    def _plan_at(self, world: int, rank: int, num_samples: int, origin: int = 0,
+                 batch_size: Optional[int] = None) -> ShardPlan:
+        """How an order of ``num_samples`` is striped on ``world`` processes (the user's batch settings, or a saved
+        ``batch_size``)."""
+        batch_size = self._loader_batch_size if batch_size is None else batch_size
+        settings = {"batch_size": batch_size, "num_samples": num_samples, "drop_last": self._drop_last,
                     "even_batches": self._even_batches, "split_batches": self._split_batches}
         return shard_plan(settings, world, rank, origin)
 
@@ -220,7 +228,7 @@ class ShardDataLoader(DataLoaderAdapter):
         """The order of ``epoch`` drawn from ``seed`` (the current ones by default), memoised."""
         order = order or self._order
         key = (self._seed if seed is None else seed, self._epoch if epoch is None else epoch,
-               getattr(order, "world_size", 0))
+               getattr(order, "world_size", 0), getattr(order, "order_batch", None))
         if self._cached_order[0] != key:
             indices = order.indices(*key[:2])
             if len(indices) != order.num_samples:
@@ -243,6 +251,10 @@ class ShardDataLoader(DataLoaderAdapter):
             memo.append(fingerprint(self._cached_order[1]))
         return memo[0]
 
+    def _pass_indices(self) -> torch.Tensor:
+        """The epoch's order as this epoch is read: without the positions ``skip_samples`` left out."""
+        return _skips.kept(self._epoch_indices(), self._skips, self._epoch)
+
     def _use_order_of(self, world: int) -> None:
         """Read the epoch in the order it has on ``world`` processes (a ``DistributedSampler``'s depends on it)."""
         self._order = self._base_order.at_world(world)
@@ -260,7 +272,7 @@ class ShardDataLoader(DataLoaderAdapter):
         # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
         where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
         pipeline = self._pipeline
-        self._sampler.set_pass(self._epoch_indices(), plan, step, functools.partial(pipeline.tag, where))
+        self._sampler.set_pass(self._pass_indices(), plan, step, functools.partial(pipeline.tag, where))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
         for batch in pipeline.fetch(self._open_base(), where, step, read_ahead):
             step += 1
@@ -282,7 +294,7 @@ class ShardDataLoader(DataLoaderAdapter):
 
     def _progress(self) -> Optional[float]:
         """Samples of the epoch taken by all ranks together (after an elastic resume too), from 0 to 1."""
-        return self._consumed / self._order.num_samples if self._order.num_samples else None
+        return self._consumed / self._plan.num_samples if self._plan.num_samples else None
 
     def _position_state(self) -> dict:
         state = {
@@ -290,9 +302,12 @@ class ShardDataLoader(DataLoaderAdapter):
             S.STRIPE_ORIGIN: self._plan.origin,
             S.BATCHES_YIELDED: self._batches_taken(),
             S.ORDER_FINGERPRINT: self._fingerprint(),
+            S.SKIPPED: [list(r) for r in self._skips],
         }
         if self._order.world_dependent:
             state[S.ORDER_WORLD] = self._order.world_size
+            if getattr(self._order, "order_batch", self._loader_batch_size) != self._loader_batch_size:
+                state[S.ORDER_BATCH] = self._order.order_batch  # the epoch began at another batch size
         return state
 
     def _config(self) -> dict:
@@ -312,6 +327,9 @@ class ShardDataLoader(DataLoaderAdapter):
             config["num_samples"] = share_length(self._base_order.sampler, world)
         return config
 
+    def _rebatch_refusal(self, state_dict: Mapping[str, Any]) -> Optional[str]:
+        return None  # the position counts samples: the rest of the epoch is cut at the new size (``_restore``)
+
     def _remainder(self) -> int:
         plan = self._plan
         if self._drop_last:
@@ -322,12 +340,14 @@ class ShardDataLoader(DataLoaderAdapter):
             plan.total_batch_size
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
-        settings = {"batch_size": self._loader_batch_size, "split_batches": self._split_batches}
+        saved_batch = state_dict[S.CONFIG]["batch_size"]  # may differ from this run's: the position is in samples
+        settings = {"batch_size": saved_batch, "split_batches": self._split_batches}
         world, rank = check_saved_topology(settings, state_dict, self.ctx.world_size, self.ctx.rank, source)
         order = self._saved_order(state_dict, f" in {source}" if source else "")
         self._check_order(state_dict, order, source)
         origin = state_dict.get(S.STRIPE_ORIGIN, 0)
-        check_saved_steps(lambda: self._plan_from(origin, world, rank, order),
+        skipped = _skips.count(self._skips_after_load(state_dict, source), state_dict[S.EPOCH])
+        check_saved_steps(lambda: self._plan_from(origin, world, rank, order, saved_batch, skipped),
                           self._saved_consumed(state_dict, order), state_dict, source)
 
     def _saved_order(self, state_dict: Mapping[str, Any], where: str) -> EpochOrder:
@@ -335,12 +355,18 @@ class ShardDataLoader(DataLoaderAdapter):
         if not self._base_order.world_dependent:
             return self._base_order
         world = state_dict.get(S.ORDER_WORLD, state_dict[S.TOPOLOGY]["world_size"])
-        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        batch = state_dict.get(S.ORDER_BATCH, state_dict[S.CONFIG]["batch_size"])
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (world, batch)):
             raise UnsupportedConfigError(
-                f"cannot resume{where}: invalid number of processes of the epoch's order {world!r}; the state is "
-                "damaged or was edited by hand, resume from another checkpoint"
+                f"cannot resume{where}: invalid number of processes {world!r} or batch size {batch!r} of the epoch's "
+                "order; the state is damaged or was edited by hand, resume from another checkpoint"
             )
-        return self._base_order.at_world(world)
+        if batch == self._loader_batch_size:
+            return self._base_order.at_world(world)
+        # The epoch began at another batch size: its order is the steps of that size (their padding included).
+        order = DistributedOrder(self._base_order.sampler, lambda w, r, n: self._plan_at(w, r, n, 0, batch), world)
+        order.order_batch = batch
+        return order
 
     def _saved_consumed(self, state_dict: Mapping[str, Any], order: EpochOrder) -> int:
         """The saved position in samples of ``order``. A ``DistributedSampler``'s position saved by an earlier
@@ -348,9 +374,9 @@ class ShardDataLoader(DataLoaderAdapter):
         consumed = state_dict[S.SAMPLES_CONSUMED]
         if not order.world_dependent or S.ORDER_WORLD in state_dict:
             return consumed
-        topology = state_dict[S.TOPOLOGY]
-        steps = self._plan_at(topology["world_size"], 0, order.config_length).steps_for(consumed)  # rank 0: every step
-        return self._plan_at(topology["world_size"], 0, order.num_samples).samples_consumed(steps)
+        world, batch = state_dict[S.TOPOLOGY]["world_size"], state_dict[S.CONFIG]["batch_size"]
+        steps = self._plan_at(world, 0, order.config_length, 0, batch).steps_for(consumed)  # rank 0: every step
+        return self._plan_at(world, 0, order.num_samples, 0, batch).samples_consumed(steps)
 
     def _check_order(self, state_dict: Mapping[str, Any], order: EpochOrder, source: str) -> None:
         """Refuse a saved position whose epoch this run draws in another order than the run that saved it."""
@@ -369,13 +395,66 @@ class ShardDataLoader(DataLoaderAdapter):
         if state_dict[S.SAMPLES_CONSUMED] == 0:
             self._use_order_of(self.ctx.world_size)  # an epoch nobody began yet is this world size's own
         consumed = self._saved_consumed(state_dict, self._order)
-        if state_dict[S.TOPOLOGY]["world_size"] == self.ctx.world_size:
+        if not self._relaid(state_dict):
             origin = state_dict.get(S.STRIPE_ORIGIN, 0)
         else:
-            # Elastic: the rest of the epoch, from the first sample nobody took, is striped over the new ranks.
+            # Another world size or batch size: the rest of the epoch, from the first sample nobody took, is
+            # striped over the ranks in steps of the new size.
             origin = consumed
-        self._plan = self._plan_from(origin)
+        self._skips = self._skips_after_load(state_dict, "")
+        self._plan = self._plan_from(origin, skipped=_skips.count(self._skips, state_dict[S.EPOCH]))
         self._consumed = consumed
+
+    def _skips_after_load(self, state_dict: Mapping[str, Any], source: str) -> list[list[int]]:
+        """The saved ranges left out, with those this loader was given before the load (``skip_samples`` called
+        before ``resume()``), which must lie at or after the saved position."""
+        saved = _skips.check_saved(state_dict.get(S.SKIPPED, []), f" in {source}" if source else "")
+        added = [r for r in self._skips if r not in saved]
+        epoch = state_dict[S.EPOCH]
+        for r in added:
+            _skips.check_new(saved, r[0], r[1], r[2], current_epoch=epoch, consumed=state_dict[S.SAMPLES_CONSUMED],
+                             length=self._order.num_samples)
+        return _skips.merged(saved + added)
+
+    def skip_samples(self, start: int, stop: int, epoch: Optional[int] = None) -> None:
+        """Leave out positions ``start`` to ``stop - 1`` of an epoch's order (a loss spike's batches), for good.
+
+        Positions count the epoch's order as ``samples_consumed`` does, the same on any number of processes,
+        workers or batch size: on one setup, step ``k`` of the epoch holds ``k * total_batch_size`` to
+        ``(k + 1) * total_batch_size``. The ranges are saved with the position, so every later resume (on any
+        setup) leaves them out too. Call it on every process alike, between passes.
+
+        Args:
+            start: The first position left out.
+            stop: The position after the last one left out.
+            epoch: The epoch whose order it is; ``None``: the epoch the loader's position is in (after
+                ``resume()``, the epoch the next batch comes from).
+
+        Raises:
+            UnsupportedConfigError: for a range outside the epoch, in a past epoch, or reaching back to samples the
+                loader already took.
+
+        Examples:
+            >>> accelerator.resume()                                 # doctest: +SKIP
+            >>> train_dl.skip_samples(4096, 4608)                    # doctest: +SKIP
+        """
+        self._refuse_if_live("skip_samples()")
+        epoch = self._epoch if epoch is None else epoch
+        _skips.check_new(self._skips, epoch, start, stop, current_epoch=self._epoch, consumed=self._consumed,
+                         length=self._order.num_samples)
+        self._skips = _skips.merged(self._skips + [[epoch, start, stop]])
+        if epoch == self._epoch:
+            self._plan = self._plan_from(self._plan.origin)
+
+    @property
+    def skipped_samples(self) -> list[tuple[int, int, int]]:
+        """The ranges ``(epoch, start, stop)`` left out (``skip_samples``), as saved with the position."""
+        return [tuple(r) for r in self._skips]
+
+    def _digest(self) -> tuple:
+        key, point = super()._digest()
+        skips = tuple(map(tuple, self._skips))
+        return (key, skips), point + (skips,)  # every process must leave out the same samples
 
     def _rewind(self) -> None:
         self._use_order_of(self.ctx.world_size)  # a new epoch is this world size's own

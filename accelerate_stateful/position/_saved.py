@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from ..checkpoint import _state as S
 from ..errors import UnsupportedConfigError
 from ._plan import ShardPlan
+from ._skips import check_saved, count
 
 
 def shard_plan(config: Mapping[str, Any], world: int, rank: int, origin: int) -> ShardPlan:
@@ -44,13 +45,15 @@ def order_length(plan_for: Callable[[int, int, int], ShardPlan], world_size: int
 
 def striped_settings(config: Mapping[str, Any], state: Mapping[str, Any]) -> Mapping[str, Any]:
     """The settings a saved position is striped with: ``config``, but for a user's ``DistributedSampler``
-    (``order_world_size`` in the state) the length of its global order at the world size that began the epoch."""
+    (``order_world_size`` in the state) the length of its global order at the world size that began the epoch,
+    and without the samples of the state's epoch left out (``skip_samples``)."""
+    skipped = count(check_saved(state.get(S.SKIPPED, []), ""), state[S.EPOCH])
     world = state.get(S.ORDER_WORLD)
     if world is None:
-        return config
+        return {**config, "num_samples": config["num_samples"] - skipped} if skipped else config
     length = order_length(lambda w, r, n: shard_plan({**config, "num_samples": n}, w, r, 0), world,
                           config["num_samples"])
-    return {**config, "num_samples": length}
+    return {**config, "num_samples": length - skipped}
 
 
 def check_shard_position(config: Mapping[str, Any], state: Mapping[str, Any], world: int, rank: int,
