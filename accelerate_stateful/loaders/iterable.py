@@ -310,13 +310,17 @@ class IterableShardDataLoader(DataLoaderAdapter):
         stream = state_dict.get(STREAM)
         if state_dict[S.BATCHES_YIELDED] == 0 and isinstance(stream, Mapping) and not any(stream.get("taken") or ()):
             return None  # an epoch nobody began: read at the new batch size as a fresh run reads it
+        if state_dict[S.CONFIG].get("drop_last") and self._drop_last:
+            # Each reader's saved place is after a whole batch of its share, and no batch is kept to pad the
+            # epoch's end: the share goes on from there in batches of the new size, dropping its own tail.
+            return None
         saved, current = self._batch_change(state_dict)
         return (
             f"the checkpoint was written with batch_size={saved}, this run has batch_size={current}, and it was "
-            f"saved inside an epoch of a stream, whose saved position is each reader's place after its last batch "
-            f"of {saved} (with the first batch kept to pad the epoch's end), which cannot be cut again into "
-            f"batches of {current}; resume with batch_size={saved} until the epoch ends and change it from a "
-            "checkpoint saved at an epoch's end (after its last batch), or start a fresh run"
+            f"saved inside an epoch of a stream without drop_last, whose end is padded from the epoch's first "
+            f"batch of {saved}, kept for it, which cannot pad batches of {current}; resume with "
+            f"batch_size={saved} until the epoch ends, or run with DataLoader(drop_last=True) (then a stream may "
+            "change its batch size anywhere), or start a fresh run"
         )
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
