@@ -69,8 +69,8 @@ def pipeline(name: str, files: Mapping[str, list[str]], buffer_size: int) -> Any
     names = sorted(found)
     if name == HF:
         total = sum(WEIGHTS.values())
-        mixed = datasets.interleave_datasets([found[n] for n in names], probabilities=[WEIGHTS[n] / total for n in names],
-                                             seed=SEED)
+        mixed = datasets.interleave_datasets([found[n] for n in names],
+                                             probabilities=[WEIGHTS[n] / total for n in names], seed=SEED)
         return mixed.shuffle(seed=SEED, buffer_size=buffer_size)
     if name == OURS_SHUFFLED:
         return Shuffled(Mixture(found, WEIGHTS, seed=SEED), buffer_size, seed=SEED)
