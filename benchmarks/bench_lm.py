@@ -234,8 +234,10 @@ def run_all(sizes: dict, started: float, folder: str) -> tuple[list, list, list]
 def measure(sizes: dict, started: float) -> tuple[Callable[[dict], str], dict]:
     with tempfile.TemporaryDirectory(prefix="bench_lm_") as folder:
         lost, per_batch, resume = run_all(sizes, started, folder)
-    data = {"lost": lost, "per_batch": per_batch, "resume": resume}
-    return (lambda env: render(env, sizes, lost, per_batch, resume)), data
+    import datasets
+
+    data = {"lost": lost, "per_batch": per_batch, "resume": resume, "datasets": datasets.__version__}
+    return (lambda env: render({**env, "datasets": datasets.__version__}, sizes, lost, per_batch, resume)), data
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
