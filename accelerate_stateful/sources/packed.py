@@ -9,6 +9,8 @@ replays the source.
 
 from __future__ import annotations
 
+import array as _array
+
 from typing import Any, Optional
 
 import numpy as np
@@ -157,6 +159,20 @@ class _PackCursor:
         return {"source": self._documents.position(), "carry": self._tokens[self._start:].tolist()}
 
 
+def _list_ids(tokens: Any) -> np.ndarray:
+    """A list of ints as int64, the fast way where it is exact: ``array('q')`` takes Python and NumPy ints and
+    refuses anything else (a float, a string, an int beyond int64); the rest, and a list that starts with a
+    bool, go to NumPy's inference, whose dtype :func:`_token_ids` then judges."""
+    if not len(tokens):
+        return np.zeros(0, dtype=np.int64)
+    if type(tokens[0]) is not bool:
+        try:
+            return np.frombuffer(_array.array("q", tokens), dtype=np.int64)
+        except (TypeError, OverflowError):
+            pass
+    return np.array(tokens)
+
+
 def _token_ids(document: Any, key: str, number: int) -> np.ndarray:
     """The token ids of a document as a 1-D int64 array, or an error that names the document."""
     tokens = document
@@ -172,7 +188,7 @@ def _token_ids(document: Any, key: str, number: int) -> np.ndarray:
     elif isinstance(tokens, np.ndarray):
         array = tokens
     elif isinstance(tokens, (list, tuple)):
-        array = np.array(tokens) if len(tokens) else np.zeros(0, dtype=np.int64)
+        array = _list_ids(tokens)
     else:
         array = None
     if array is not None and array.ndim == 1 and array.dtype.kind in "iu":
