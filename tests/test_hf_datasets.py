@@ -27,7 +27,7 @@ from accelerate_stateful import (
 
 from harness import check_resumes, epoch_end_counts, run_loop, save_points, through_files
 
-datasets = pytest.importorskip("datasets")
+import datasets  # noqa: E402 - make test installs it; a missing one fails, never skips
 
 N = 23  # never a multiple of the batch sizes below
 BUFFER = 6  # shuffle buffer of the iterable tests: a few batches deep

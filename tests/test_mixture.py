@@ -195,7 +195,7 @@ def test_stop_ends_the_epoch_at_the_first_draw_from_an_ended_source_and_restart_
 
 
 def test_hugging_face_sources_map_style_and_streaming_from_local_files(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
     path = tmp_path / "b.jsonl"
     path.write_text("".join(json.dumps({"id": 1000 + i}) + "\n" for i in range(30)))
     datasets.disable_progress_bars()

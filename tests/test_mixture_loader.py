@@ -169,7 +169,7 @@ def test_a_weight_change_on_another_number_of_processes_loses_and_repeats_nothin
 def test_a_streaming_dataset_from_local_parquet_in_the_mixture_resumes_with_a_weight_change(tmp_path):
     """A ``datasets.IterableDataset`` (streamed from a local parquet file) beside a ``datasets.Dataset``, read
     whole by each of two workers, killed and resumed on three workers with new weights."""
-    datasets = pytest.importorskip("datasets")
+    import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
 
