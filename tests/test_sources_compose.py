@@ -76,9 +76,12 @@ def test_a_shuffled_datasets_stream_is_refused_as_a_child_and_exact_shuffle_is_n
     path = tmp_path / "docs.jsonl"
     path.write_text("".join(json.dumps({"input_ids": [i, i + 1]}) + "\n" for i in range(20)))
     stream = datasets.load_dataset("json", data_files=str(path), split="train", streaming=True)
-    with pytest.raises(UnsupportedConfigError, match=r"pass exact_shuffle\(dataset\) instead"):
-        list(Packed(stream.shuffle(seed=1, buffer_size=4), seq_len=4))
-    with pytest.raises(UnsupportedConfigError, match=r"make shuffle\(\) its last step"):
-        list(Mixture({"s": stream.shuffle(seed=1, buffer_size=4).map(lambda row: row)}, {"s": 1.0}))
+    # refused where the pipeline is built, in the user's script on every process, before any worker reads
+    with pytest.raises(UnsupportedConfigError, match=r"Packed's source .*pass exact_shuffle\(dataset\) instead"):
+        Packed(stream.shuffle(seed=1, buffer_size=4), seq_len=4)
+    with pytest.raises(UnsupportedConfigError, match=r"Mixture source 's' .*make shuffle\(\) its last step"):
+        Mixture({"s": stream.shuffle(seed=1, buffer_size=4).map(lambda row: row)}, {"s": 1.0})
+    with pytest.raises(UnsupportedConfigError, match=r"Shuffled's source .*exact_shuffle"):
+        Shuffled(stream.shuffle(seed=1, buffer_size=4), buffer_size=3)
     assert len(list(Packed(exact_shuffle(stream.shuffle(seed=1, buffer_size=4)), seq_len=4))) == 10
     assert len(list(Packed(stream, seq_len=4))) == 10

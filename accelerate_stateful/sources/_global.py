@@ -121,6 +121,27 @@ class _StatefulCursor:
         return self._source.state_dict()
 
 
+def check_source(source: Any, named: str = "") -> str:
+    """How ``source`` is read (``"global"``, ``"index"`` or ``"stateful"``), or an error naming ``named``.
+
+    The composable sources call it when they are built, so a source they cannot resume exactly is refused in
+    the user's script, on every process alike, before any worker reads it.
+    """
+    if isinstance(source, GlobalStream):
+        return "global"
+    if not isinstance(source, IterableDataset) and hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+        return "index"
+    what = f"{named} ({type(source).__name__})" if named else f"a {type(source).__name__}"
+    if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
+        _refuse_shuffle_buffer(source, what)
+        return "stateful"
+    raise UnsupportedConfigError(
+        f"{what} cannot be resumed where it stopped: it has no state_dict() and no index. Give a map-style "
+        "dataset (with __len__ and __getitem__), a datasets.Dataset or IterableDataset, or an iterable with "
+        "state_dict() and load_state_dict()"
+    )
+
+
 def open_source(source: Any, position: Optional[Any], epoch: int = 0) -> Cursor:
     """A cursor over ``source`` from ``position`` (``None``: its start) in ``epoch``.
 
@@ -129,21 +150,15 @@ def open_source(source: Any, position: Optional[Any], epoch: int = 0) -> Cursor:
     read in index order) or a stateful iterable (``state_dict()`` and
     ``load_state_dict()``: a ``datasets.IterableDataset``, a torchdata node).
     """
-    if isinstance(source, GlobalStream):
+    kind = check_source(source)
+    if kind == "global":
         return source.open(position, epoch)
-    if not isinstance(source, IterableDataset) and hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+    if kind == "index":
         return _IndexCursor(source, position)
-    if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
-        _refuse_shuffle_buffer(source)
-        return _StatefulCursor(source, position, epoch)
-    raise UnsupportedConfigError(
-        f"a {type(source).__name__} cannot be resumed where it stopped: it has no state_dict() and no index. "
-        "Give a map-style dataset (with __len__ and __getitem__), a datasets.Dataset or IterableDataset, or an "
-        "iterable with state_dict() and load_state_dict()"
-    )
+    return _StatefulCursor(source, position, epoch)
 
 
-def _refuse_shuffle_buffer(source: Any) -> None:
+def _refuse_shuffle_buffer(source: Any, what: str) -> None:
     """A ``datasets.IterableDataset`` with a shuffle buffer in its pipeline drops the buffer from its own
     ``state_dict()`` (about ``buffer_size`` items lost at each resume): refused as a child, with the fix."""
     if not type(source).__module__.startswith("datasets"):
@@ -159,8 +174,8 @@ def _refuse_shuffle_buffer(source: Any) -> None:
                    "make shuffle() its last step and pass exact_shuffle(dataset), or shuffle with "
                    "accelerate_stateful.sources.Shuffled")
             raise UnsupportedConfigError(
-                "a datasets.IterableDataset with a shuffle buffer (.shuffle(buffer_size=...)) cannot be resumed "
-                f"through its own state_dict(), which leaves out what the buffer holds; {fix}"
+                f"{what}: a datasets.IterableDataset with a shuffle buffer (.shuffle(buffer_size=...)) cannot be "
+                f"resumed through its own state_dict(), which leaves out what the buffer holds; {fix}"
             )
         last = False
         pending += [child for child in [getattr(node, "ex_iterable", None)] + list(getattr(node, "ex_iterables", ()))

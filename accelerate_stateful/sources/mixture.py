@@ -6,9 +6,9 @@ import copy
 import logging
 from typing import Any, Mapping, Optional
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import get_worker_info
 
-from ._global import GlobalStream, open_source
+from ._global import GlobalStream, check_source, open_source
 from ._mixture_draw import Table, check_weights, draw_key, extend, in_effect, same_weights, uniform
 from ._mixture_state import checked_position, mixture_positions, schedule_of, show_weights, start_position
 from ..errors import UnsupportedConfigError
@@ -266,15 +266,5 @@ def _change_line(schedule: list, at: int, weights: Mapping[str, float]) -> str:
 
 
 def _check_source(name: str, source: Any) -> None:
-    if isinstance(source, GlobalStream):
-        return
-    if not isinstance(source, IterableDataset) and hasattr(source, "__len__") and hasattr(source, "__getitem__"):
-        return
-    if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
-        return
-    raise UnsupportedConfigError(
-        f"Mixture source '{name}' ({type(source).__name__}) cannot be resumed where it stopped: it has no "
-        "state_dict() and no index. Give a map-style dataset (with __len__ and __getitem__), a datasets.Dataset "
-        "or IterableDataset, or an iterable with state_dict() and load_state_dict()"
-    )
+    check_source(source, f"Mixture source '{name}'")
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, UnsupportedConfigError
-from ._global import Cursor, GlobalStream, open_source
+from ._global import Cursor, GlobalStream, check_source, open_source
 
 _ENDINGS = ("drop", "pad")
 
@@ -83,6 +83,7 @@ class Packed(GlobalStream):
             )
         if isinstance(pad_id, bool) or not isinstance(pad_id, int):
             raise UnsupportedConfigError(f"Packed(pad_id={pad_id!r}): the padding token must be an int token id")
+        check_source(source, "Packed's source")
         self.source, self.seq_len, self.key, self.last, self.pad_id = source, seq_len, key, last, pad_id
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import CheckpointError, UnsupportedConfigError
-from ._global import Cursor, GlobalStream, open_source, plain_copy
+from ._global import Cursor, GlobalStream, check_source, open_source, plain_copy
 
 _BLOCK = 1024  # draws made at a time; draw t is block t // _BLOCK, element t % _BLOCK
 _POSITION_KEYS = {"from", "from_read", "read", "slots", "draws", "ended"}
@@ -88,6 +88,7 @@ class Shuffled(GlobalStream):
             raise UnsupportedConfigError(
                 f"Shuffled(seed={seed!r}): the seed must be an int >= 0, the same on every rank"
             )
+        check_source(source, "Shuffled's source")
         self.source, self.buffer_size, self.seed = source, buffer_size, seed
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
