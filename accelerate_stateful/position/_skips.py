@@ -9,11 +9,13 @@ stripes the shorter order as it stripes any.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+if TYPE_CHECKING:  # the command line reads saved ranges through this module and must not import torch
+    import torch
 
 from ..errors import UnsupportedConfigError
+
 
 def merged(ranges: Sequence[Sequence[int]]) -> list[list[int]]:
     """``ranges`` sorted, with overlapping or touching ranges of one epoch joined (the state's form)."""
@@ -36,11 +38,13 @@ def count(ranges: Sequence[Sequence[int]], epoch: int) -> int:
     return sum(stop - start for start, stop in of_epoch(ranges, epoch))
 
 
-def kept(indices: torch.Tensor, ranges: Sequence[Sequence[int]], epoch: int) -> torch.Tensor:
+def kept(indices: "torch.Tensor", ranges: Sequence[Sequence[int]], epoch: int) -> "torch.Tensor":
     """The epoch's ``indices`` without the positions left out."""
     spans = of_epoch(ranges, epoch)
     if not spans:
         return indices
+    import torch
+
     keep = torch.ones(len(indices), dtype=torch.bool)
     for start, stop in spans:
         keep[start:stop] = False
