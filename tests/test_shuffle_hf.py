@@ -57,8 +57,9 @@ def sources(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_sleep_at_thread_shutdown(monkeypatch):
-    """datasets sleeps 5 s when an iterator over parquet shards is dropped; abandoned cursors would wait."""
-    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
+    """datasets (5.x) sleeps 5 s when an iterator over parquet shards is dropped; abandoned cursors would wait.
+    Older releases have no such sleep (and no setting for it)."""
+    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0, raising=False)
 
 
 def cuts(n, size):
@@ -156,3 +157,18 @@ def test_a_dataset_it_cannot_reproduce_is_refused_with_the_fix(sources):
         exact_shuffle(plain.shuffle(seed=1).with_format("torch"))
     with pytest.raises(UnsupportedConfigError, match=r"got a list"):
         exact_shuffle([1, 2])
+
+
+def test_a_datasets_release_whose_buffer_it_does_not_replay_is_refused():
+    """datasets 4.x drew one index per item from its buffer; exact_shuffle replays the rounds of 5.x and must
+    refuse the other algorithm rather than resume it inexactly (it did, on datasets 4.7)."""
+    from datasets.iterable_dataset import BufferShuffledExamplesIterable
+
+    from accelerate_stateful.sources._shuffle_hf import plays_rounds
+
+    class PerItemBuffer:  # the shape of datasets 4.7's BufferShuffledExamplesIterable.__iter__
+        def __iter__(self):
+            indices = self._iter_random_indices(None, 4)
+            yield next(indices)
+
+    assert plays_rounds(BufferShuffledExamplesIterable) and not plays_rounds(PerItemBuffer)

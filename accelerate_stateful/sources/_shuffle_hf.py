@@ -97,6 +97,14 @@ def _cast(table: Any, features: Any) -> Any:
     return table if table.schema == features.arrow_schema else cast_table_to_features(table, features)
 
 
+def plays_rounds(buffer_class: Any) -> bool:
+    """Whether ``datasets``' shuffle buffer works in rounds (fill, one permutation, hand out all but half), the
+    algorithm this module replays; older releases draw one random index per item (``_iter_random_indices``).
+    Read from the code of its iteration, the same on every process."""
+    names = set(buffer_class.__iter__.__code__.co_names)
+    return "permutation" in names and "_iter_random_indices" not in names
+
+
 def _pipeline(dataset: Any, epoch: int) -> _Pipeline:
     """Build stock iteration's pipeline for ``epoch`` on a copy, and find the shuffle buffer at its top."""
     from datasets import IterableDataset
@@ -107,6 +115,13 @@ def _pipeline(dataset: Any, epoch: int) -> _Pipeline:
         raise UnsupportedConfigError(
             f"exact_shuffle needs a datasets.IterableDataset whose last step is .shuffle(buffer_size=...), got "
             f"{_describe(dataset)}; apply map(), filter() and the like before shuffle(), or use Shuffled(dataset, ...)"
+        )
+    if not plays_rounds(BufferShuffledExamplesIterable):
+        raise UnsupportedConfigError(
+            f"exact_shuffle replays the shuffle buffer of datasets releases that permute it in rounds (5.2.0 does); "
+            f"datasets {_version()} draws one index per item instead, which it does not reproduce, so its resume "
+            "would not be exact. Upgrade datasets, or shuffle with Shuffled(dataset_without_shuffle, buffer_size, "
+            "seed=...), the package's own buffer"
         )
     if dataset._formatting is not None or dataset._distributed is not None:
         step = "with_format()" if dataset._formatting is not None else "split_dataset_by_node()"
