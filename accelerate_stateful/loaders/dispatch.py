@@ -316,12 +316,8 @@ class DispatchDataLoader(DataLoaderAdapter):
                 "an earlier release, which did not record the samples taken on every process; save a checkpoint "
                 "with this release (at the next one) and call skip_samples after resuming from it"
             )
-        epoch = self._epoch if epoch is None else epoch
-        _skips.check_new(reader._skips, epoch, start, stop, current_epoch=self._epoch, consumed=self._samples,
-                         length=reader._order.num_samples)
-        reader._skips = _skips.merged(reader._skips + [[epoch, start, stop]])
-        if epoch == reader._epoch:
-            reader._plan = reader._plan_from(reader._plan.origin)
+        reader._add_skip(self._epoch if epoch is None else epoch, start, stop, consumed=self._samples,
+                         current_epoch=self._epoch)
 
     @property
     def skipped_samples(self) -> list[tuple[int, int, int]]:

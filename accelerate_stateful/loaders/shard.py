@@ -439,8 +439,13 @@ class ShardDataLoader(DataLoaderAdapter):
             >>> train_dl.skip_samples(4096, 4608)                    # doctest: +SKIP
         """
         self._refuse_if_live("skip_samples()")
-        epoch = self._epoch if epoch is None else epoch
-        _skips.check_new(self._skips, epoch, start, stop, current_epoch=self._epoch, consumed=self._consumed,
+        self._add_skip(self._epoch if epoch is None else epoch, start, stop, consumed=self._consumed,
+                       current_epoch=self._epoch)
+
+    def _add_skip(self, epoch: int, start: int, stop: int, *, consumed: int, current_epoch: int) -> None:
+        """Record a range left out, checked against the position ``consumed`` of ``current_epoch`` (this loader's,
+        or the dispatcher's when this loader is its reader), and re-plan the epoch it falls in."""
+        _skips.check_new(self._skips, epoch, start, stop, current_epoch=current_epoch, consumed=consumed,
                          length=self._order.num_samples)
         self._skips = _skips.merged(self._skips + [[epoch, start, stop]])
         if epoch == self._epoch:
