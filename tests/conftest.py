@@ -20,31 +20,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-# Launch files run last, as a group of their own, by the worker that has finished the files run in one process:
-# a few minutes of launches (measured on 2 cores: 90, 58 and 31 s) that would otherwise wait behind the others.
-LATE_LAUNCHES = ("test_trainer_mp.py", "test_torture.py", "test_lm_pipeline_mp.py")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     """With pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): the launches of real processes run
     one after another on one worker, first (they take longest and each uses the cores of several ranks), and
-    every other test file runs whole on one worker, its module fixtures once. The launches are the longer
-    share, so the files of ``LATE_LAUNCHES`` form a second group queued last, which the other worker takes
-    once it has run the rest. In one process: as collected."""
+    every other test file runs whole on one worker, its module fixtures once. In one process: as collected."""
     if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
         return
-    launches, late, others = [], [], []
-    for item in items:
-        if not item.get_closest_marker("multiprocess"):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-            others.append(item)
-        elif item.path.name in LATE_LAUNCHES:
-            item.add_marker(pytest.mark.xdist_group("launches-late"))
-            late.append(item)
-        else:
-            item.add_marker(pytest.mark.xdist_group("launches"))
-            launches.append(item)
-    items[:] = launches + others + late
+    launches = [item for item in items if item.get_closest_marker("multiprocess")]
+    others = [item for item in items if not item.get_closest_marker("multiprocess")]
+    for item in launches:
+        item.add_marker(pytest.mark.xdist_group("launches"))
+    for item in others:
+        item.add_marker(pytest.mark.xdist_group(item.path.name))
+    items[:] = launches + others
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
