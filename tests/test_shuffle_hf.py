@@ -140,15 +140,6 @@ def test_packed_over_it_in_two_workers_resumes_on_three(sources):
     assert sorted(i for step in whole for i in step.ids) == sorted(rows)
 
 
-def test_a_parent_can_tell_a_dataset_that_ends_in_a_shuffle_buffer(sources):
-    from accelerate_stateful.sources._shuffle_hf import ends_in_shuffle_buffer
-
-    plain = sources["json-tables"]()
-    assert ends_in_shuffle_buffer(plain.shuffle(seed=1, buffer_size=4))
-    assert not ends_in_shuffle_buffer(plain) and not ends_in_shuffle_buffer([1, 2])
-    assert not ends_in_shuffle_buffer(plain.shuffle(seed=1).map(lambda row: row))
-
-
 def test_a_dataset_it_cannot_reproduce_is_refused_with_the_fix(sources):
     plain = sources["json-tables"]()
     with pytest.raises(UnsupportedConfigError, match=r"last step is .shuffle\(buffer_size=...\).*before shuffle\(\)"):

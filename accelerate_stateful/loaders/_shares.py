@@ -31,6 +31,7 @@ import torch
 
 from ._channels import WorkerStart
 from ._stream_rng import OwnRNG
+from ..sources._global import shown_worker_info
 from ..position._order import mix_seed
 
 MARKER = (None, 0, None)  # an item that stands for an empty or ended slot; the main process drops it
@@ -100,14 +101,7 @@ class _Share:
 
     def next(self) -> Optional[Any]:
         """The share's next item, or None once it ended."""
-        from torch.utils.data._utils import worker as torch_worker
-
-        outer_info = torch_worker._worker_info
-        torch_worker._worker_info = self._info
-        try:
-            with self._rng.active():
-                item = next(self._batches, None)
-        finally:
-            torch_worker._worker_info = outer_info
+        with shown_worker_info(self._info), self._rng.active():
+            item = next(self._batches, None)
         self.ended = item is None
         return item

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..training._rng import seed_globals
+from ..training._rng import global_states, preserved_globals, seed_globals, set_global_states
 
 try:
     import numpy as np
@@ -32,36 +32,24 @@ except ImportError:  # pragma: no cover - numpy is a dependency of torch's usual
     np = None
 
 
-def states() -> tuple:
-    return torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None
-
-
-def set_states(saved: tuple) -> None:
-    torch.set_rng_state(saved[0])
-    random.setstate(saved[1])
-    if np is not None:
-        np.random.set_state(saved[2])
-
-
 class OwnRNG:
     """The ``torch``, ``random`` and ``numpy`` global RNG states of one stream, kept apart from the process's."""
 
     def __init__(self, seed: int) -> None:
-        outer = states()
-        seed_globals(seed)
-        self.states = states()
-        set_states(outer)
+        with preserved_globals():
+            seed_globals(seed)
+            self.states = global_states()
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Run with the stream's states (kept afterwards); the process's own are restored on exit."""
-        outer = states()
-        set_states(self.states)
+        outer = global_states()
+        set_global_states(self.states)
         try:
             yield
         finally:
-            self.states = states()
-            set_states(outer)
+            self.states = global_states()
+            set_global_states(outer)
 
 
 def own_rng(items: Iterator[Any], seed: int) -> Iterator[Any]:
@@ -77,8 +65,8 @@ def own_rng(items: Iterator[Any], seed: int) -> Iterator[Any]:
 
 def record() -> dict:
     """The global RNG states now, in types a checkpoint holds (tensors, lists, numbers)."""
-    torch_state, random_state, numpy_state = states()
-    found = {"torch": torch_state.clone(), "random": [random_state[0], list(random_state[1]), random_state[2]]}
+    torch_state, random_state, numpy_state = global_states()
+    found = {"torch": torch_state, "random": [random_state[0], list(random_state[1]), random_state[2]]}
     if numpy_state is not None:
         name, keys, pos, has_gauss, gauss = numpy_state
         found["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)]

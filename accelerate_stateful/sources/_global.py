@@ -53,20 +53,28 @@ class Cursor(Protocol):
 
 
 @contextlib.contextmanager
-def hidden_worker_info() -> Iterator[None]:
+def shown_worker_info(info: Any) -> Iterator[None]:
+    """Make ``get_worker_info()`` report ``info`` (``None``: no worker) while the block runs.
+
+    torch keeps the worker's ``WorkerInfo`` in one module global; this swaps it and puts it back.
+    """
+    from torch.utils.data._utils import worker as torch_worker
+
+    outer = torch_worker._worker_info
+    torch_worker._worker_info = info
+    try:
+        yield
+    finally:
+        torch_worker._worker_info = outer
+
+
+def hidden_worker_info() -> contextlib.AbstractContextManager:
     """Make ``get_worker_info()`` report no worker while a child source reads.
 
     A child is read whole by each worker; a ``datasets.IterableDataset`` that
     saw the worker would read only that worker's shards.
     """
-    from torch.utils.data._utils import worker as torch_worker
-
-    outer = torch_worker._worker_info
-    torch_worker._worker_info = None
-    try:
-        yield
-    finally:
-        torch_worker._worker_info = outer
+    return shown_worker_info(None)
 
 
 def plain_copy(value: Any) -> Any:

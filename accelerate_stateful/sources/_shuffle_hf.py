@@ -42,20 +42,6 @@ class HFShuffled(GlobalStream):
         return _HFCursor(_pipeline(self.dataset, epoch), _checked(position))
 
 
-def ends_in_shuffle_buffer(source: Any) -> bool:
-    """Whether ``source`` is a ``datasets.IterableDataset`` whose last step is ``shuffle()``.
-
-    Read through its own ``state_dict()``, such a dataset loses its buffer at a resume; a parent source
-    can route it through :class:`HFShuffled` instead, or refuse it and name ``exact_shuffle``.
-    """
-    if not type(source).__module__.startswith("datasets"):
-        return False  # datasets is not imported for a source that is not one of its datasets
-    from datasets import IterableDataset
-    from datasets.iterable_dataset import BufferShuffledExamplesIterable
-
-    return isinstance(source, IterableDataset) and isinstance(source._ex_iterable, BufferShuffledExamplesIterable)
-
-
 class _Pipeline:
     """What stock iteration reads in one epoch: the buffer's input, generator, size, and how rows come out."""
 

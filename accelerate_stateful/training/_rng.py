@@ -70,17 +70,27 @@ def seed_globals(seed: int) -> None:
         np.random.seed(seed & 0xFFFFFFFF)
 
 
+def global_states() -> tuple:
+    """The CPU ``torch``, ``random`` and ``numpy`` global RNG states, as fresh objects."""
+    return torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None
+
+
+def set_global_states(saved: tuple) -> None:
+    """Put back states taken by :func:`global_states`."""
+    torch.set_rng_state(saved[0])
+    random.setstate(saved[1])
+    if np is not None:
+        np.random.set_state(saved[2])
+
+
 @contextlib.contextmanager
 def preserved_globals() -> Iterator[None]:
     """Restore the CPU ``torch``, ``random`` and ``numpy`` global RNG states on exit."""
-    saved = torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None
+    saved = global_states()
     try:
         yield
     finally:
-        torch.set_rng_state(saved[0])
-        random.setstate(saved[1])
-        if np is not None:
-            np.random.set_state(saved[2])
+        set_global_states(saved)
 
 
 def batch_seed(key: tuple[int, ...]) -> int:
