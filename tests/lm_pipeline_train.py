@@ -8,12 +8,13 @@ source they hold.
 
 Usage (``tests/test_lm_pipeline_mp.py`` builds the command and the data)::
 
-    accelerate launch ... tests/lm_pipeline_train.py OUT LAUNCH WORKERS KILL_AT WEIGHTS_JSON
+    accelerate launch ... tests/lm_pipeline_train.py OUT LAUNCH WORKERS KILL_AT WEIGHTS_JSON [SKIP_JSON]
 
 Each rank resumes the newest checkpoint under ``OUT/run``, trains a tiny model on the rows, saves every
 ``SAVE_EVERY`` steps, and appends what it did to ``OUT/launch<LAUNCH>_rank<R>.jsonl``: the step it resumed
 at, each step's rows, each save, and ``done`` at the end of the data. After step ``KILL_AT`` (``-1``: never)
-it writes ``OUT/kill<LAUNCH>`` and waits to be killed.
+it writes ``OUT/kill<LAUNCH>`` and waits to be killed. ``SKIP_JSON`` (``[start, stop]``): rows of those
+global indices are left out after the resume (``loader.skip_samples``), as after a loss spike.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class Steps:
         self.step = int(state["step"])
 
 
-def main(out: Path, launch: int, workers: int, kill_at: int, weights: str) -> None:
+def main(out: Path, launch: int, workers: int, kill_at: int, weights: str, skip: str = "") -> None:
     accelerator = Accelerator(
         cpu=True,
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
@@ -120,6 +121,8 @@ def main(out: Path, launch: int, workers: int, kill_at: int, weights: str) -> No
     steps = Steps()
     accelerator.register_for_checkpointing(steps)
     resumed = accelerator.resume()
+    if skip:
+        loader.skip_samples(*json.loads(skip))
     log = open(out / f"launch{launch}_rank{accelerator.process_index}.jsonl", "a")
 
     def record(**entry) -> None:
@@ -147,4 +150,4 @@ def main(out: Path, launch: int, workers: int, kill_at: int, weights: str) -> No
 
 
 if __name__ == "__main__":
-    mp_harness_rank.run(main, Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    mp_harness_rank.run(main, Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])

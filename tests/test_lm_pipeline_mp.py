@@ -3,8 +3,9 @@
 ``lm_pipeline_train.py`` trains on ``Packed(Mixture(table, web, code))``: a map-style source, a
 ``datasets`` stream from local json shards behind a shuffle buffer (``exact_shuffle``), and a stateful
 iterable. The run is killed (SIGKILL to every process) at steps drawn at random and started again each
-time: on 2 processes with 2 workers, again on the same, then on 3 processes without workers, then on 1
-process with 1 worker and new mixture weights. Required:
+time: on 2 processes with 2 workers, again on the same, then on 3 processes without workers, leaving out four
+rows ahead (``skip_samples``, as after a loss spike), then on 1 process with 1 worker and new mixture weights.
+Required:
 
 - across the first kill (same topology, same weights), the rows every rank took, in global order, are the
   uninterrupted run's: the dispatcher deals the base loader's batches (its workers taking turns) to the
@@ -13,6 +14,7 @@ process with 1 worker and new mixture weights. Required:
   order, each token once: none lost or repeated (steps after the last save are trained again after a kill:
   only the ones the resumed run did not redo count). Worker shares are read in turns, so across sources
   and within one the rows come in the shares' interleaving, not the pipeline's plain order;
+- the rows left out never come, in that launch or the next, and the next launch's resume line names them;
 - the weight change is logged once, saying from which sample; the last launch reaches the end of the data.
 """
 
@@ -47,8 +49,9 @@ def plan(seed: int) -> list[tuple[int, int, int, dict]]:
             (1, 1, -1, NEW_WEIGHTS)]
 
 
-def run_launch(out: Path, index: int, world: int, workers: int, kill_at: int, weights: dict):
-    command = mp_harness.accelerate_command(SCRIPT, [out, index, workers, kill_at, json.dumps(weights)], world)
+def run_launch(out: Path, index: int, world: int, workers: int, kill_at: int, weights: dict, skip=None):
+    args = [out, index, workers, kill_at, json.dumps(weights)] + ([json.dumps(list(skip))] if skip else [])
+    command = mp_harness.accelerate_command(SCRIPT, args, world)
     env = {"HF_HOME": str(out / "hf_home"), "PYTHONPATH": str(Path(__file__).parent)}
     folder = out / f"launch{index}"
     if kill_at < 0:
@@ -113,7 +116,12 @@ def test_a_mixture_packed_killed_and_resumed_on_2_3_1_processes_loses_and_repeat
     out = tmp_path / "out"
     lm.write_web_shards(out / "data")
     chain = plan(SEED)
-    done = [run_launch(out, index, *launch) for index, launch in enumerate(chain)]
+    done = [run_launch(out, index, *launch) for index, launch in enumerate(chain[:2])]
+    # Rows ahead of every worker share at the checkpoint launch 2 resumes from (the last save before launch 1's
+    # kill; two shares, each at most one batch of 4 rows ahead of the rows taken), behind launch 3's weight change.
+    taken = chain[1][2] // lm.SAVE_EVERY * lm.SAVE_EVERY * 2 * lm.BATCH
+    skip = (taken + 8, taken + 12)
+    done += [run_launch(out, 2, *chain[2], skip=skip), run_launch(out, 3, *chain[3])]
     launches = [read_launch(out, index, world) for index, (world, *_) in enumerate(chain)]
     kept, starts = kept_rows(launches)
     assert starts[0] == 0 and all(starts[i] < starts[i + 1] <= chain[i][2] for i in range(3)), starts
@@ -123,13 +131,21 @@ def test_a_mixture_packed_killed_and_resumed_on_2_3_1_processes_loses_and_repeat
     same = kept[0] + kept[1]
     assert same == uninterrupted(out / "data", 2, 2)[: len(same)]
 
-    # Over the whole run, each source delivered its first documents in its own order, each token once.
+    # Over the whole run, each source delivered its first documents in its own order, each token once, but
+    # the tokens of the rows left out.
     rows = [row for launch in kept for row in launch]
+    reference = [row["input_ids"].tolist() for row in lm.pipeline(out / "data", lm.WEIGHTS)]
+    left_out = {t for row in reference[skip[0]:skip[1]] for t in row}
+    assert not left_out & {t for row in rows for t in row}, "a row left out came"
+    # Given after launch 2's resume, the range is in its checkpoints: launch 3's resume line names it.
+    assert f"leaving out samples [{skip[0]}, {skip[1]}) of epoch 0" in done[3].output, done[3].output[-3000:]
     orders = source_orders(out / "data")
     for name in lm.SOURCES:
-        got = sorted((orders[name].index(t), t) for row in rows for t in row if lm.decode(t)[0] == name)
-        assert [t for _, t in got] == orders[name][: len(got)], f"{name}: lost or repeated tokens"
-    reference = [row["input_ids"].tolist() for row in lm.pipeline(out / "data", lm.WEIGHTS)]
+        order = [t for t in orders[name] if t not in left_out]
+        got = sorted((order.index(t), t) for row in rows for t in row if lm.decode(t)[0] == name)
+        assert [t for _, t in got] == order[: len(got)], f"{name}: lost or repeated tokens"
     assert sorted(map(tuple, rows)) != sorted(map(tuple, reference))[: len(rows)], "the new weights changed nothing"
+    change = int(done[3].output.split("weights change from global sample ")[1].split()[0].strip(",:"))
+    assert change >= skip[1], f"the weights changed at sample {change}, inside the rows left out {skip}"
     said = [launch.output.count("weights change from global sample") for launch in done]
     assert said == [0, 0, 0, 1], f"{said}\n{done[-1].output[-3000:]}"

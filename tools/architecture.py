@@ -108,6 +108,8 @@ NOT_DRAWN: dict[str, str] = {
     "sources/_mixture_draw.py": "a Mixture's draws and weight schedule; " + _PLUMBING,
     "sources/_mixture_state.py": "a Mixture's saved position and its checks; " + _PLUMBING,
     "loaders/_agree.py": "GlobalStream.agree: a composable source's shares agree at each pass start; " + _PLUMBING,
+    "loaders/_stream_skips.py": "a composable source's items left out (skip_samples), put into each share's "
+                                "start; " + _PLUMBING,
 }
 
 DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"

@@ -130,6 +130,7 @@ def _stream_position(state: Mapping[str, Any]) -> dict:
         found["logical_shards"] = {"positions": merged["positions"], "done": merged["done"]}
     # What a resume reads again and drops: the items each unfinished reader had read (as the loader counts it).
     found["replayed_samples"] = 0 if stream["stateful"] else sum(s["items"] for s in snapshots if not s["ended"])
+    found["skipped_samples"] = [list(r) for r in state.get(S.SKIPPED, [])]  # item indices of a composable source
     return found
 
 

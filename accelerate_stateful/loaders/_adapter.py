@@ -299,7 +299,9 @@ class DataLoaderAdapter(Stateful):
             f"skip_samples() needs map-style data read by position (DataLoader(batch_size=...) over a dataset with "
             f"__len__ and __getitem__); the {self.mode} loader over {type(self.dataset).__name__} reads batches or "
             "a stream, whose samples have no place in a global order to leave out; leave them out in the dataset "
-            "(filter them in __iter__, or wrap the dataset so that it skips them)"
+            "(filter them in __iter__, or wrap the dataset so that it skips them), or read the stream through the "
+            "composable sources of accelerate_stateful.sources (Mixture, Packed, Shuffled, exact_shuffle), whose "
+            "items have global indices that skip_samples leaves out"
         )
 
     @property

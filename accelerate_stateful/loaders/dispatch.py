@@ -246,7 +246,8 @@ class DispatchDataLoader(DataLoaderAdapter):
         # epoch (its length) from the main process's reader state. A function of the main process's state, which
         # every rank then holds.
         base = state_dict.get(S.BASE)
-        replanned = isinstance(base, Mapping) and bool(base.get(S.STRIPE_ORIGIN) or base.get(S.SKIPPED))
+        replanned = isinstance(base, Mapping) and bool(base.get(S.STRIPE_ORIGIN) or (
+            base.get(S.SKIPPED) and self._reader.mode != S.STREAM_MODE))  # a stream's length does not change
         return super().needs_all_ranks(state_dict) or self._batch_change(state_dict) is not None or replanned
 
     def _check_position(self, state_dict: Mapping[str, Any], source: str) -> None:
@@ -278,7 +279,9 @@ class DispatchDataLoader(DataLoaderAdapter):
         if self._reads or self.needs_all_ranks(state_dict):  # (every rank's reader then plans the same rest)
             self._reader.load_state_dict(base)
         elif hasattr(self._reader, "_skips"):  # its length, with the epoch's samples left out
-            self._reader._skips = _skips.check_saved(state_dict.get(S.SKIPPED, []), "")
+            saved = _skips.check_saved(state_dict.get(S.SKIPPED, []), "")
+            added = [r for r in self._reader._skips if r not in saved]  # given before the load, on every process
+            self._reader._skips = _skips.merged(saved + added)
             self._reader._start_epoch(state_dict[S.EPOCH])
         self._steps = state_dict[S.BATCHES_YIELDED]
         self._step_origin = tuple(state_dict.get(ORIGIN) or (0, 0))
@@ -308,8 +311,11 @@ class DispatchDataLoader(DataLoaderAdapter):
         the reader's order is the global one)."""
         self._refuse_if_live("skip_samples()")
         reader = self._reader
+        if reader.mode == S.STREAM_MODE:  # a composable source's item indices, or refused with the reason
+            reader._add_skip(self._epoch if epoch is None else epoch, start, stop, current_epoch=self._epoch)
+            return
         if not hasattr(reader, "_skips"):
-            reader.skip_samples(start, stop, epoch)  # a stream: refused, with the reason
+            reader.skip_samples(start, stop, epoch)  # refused, with the reason
         if self._samples is None:
             raise UnsupportedConfigError(
                 "skip_samples() cannot place this dispatcher's position: it was resumed from a checkpoint written by "

@@ -14,11 +14,14 @@ from .._context import DistContext
 from ..position._order import mix_seed
 from ._ordered import require_in_order
 from ._agree import agree_snapshots
+from . import _stream_skips
 from ._channels import WorkerStart
 from ._stream import Slicer, StreamDataset, passthrough
 from ._shares import MARKER, deal, worker_base_seed
 from ._reading import LOGICAL, SPLIT, WHOLE, Readers, check_rescale, check_shares, shown_workers
 from ._workerinit import LogicalWorkerInit
+from ..position import _skips
+from ..sources._global import GlobalStream
 from ..sources.sharded import LogicalShardStream, ShardedSource, merge_positions
 from ..errors import UnsupportedConfigError
 
@@ -139,6 +142,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
         self._generation = 0
         self._pass: Optional[tuple[int, int, list[WorkerStart]]] = None
         self.replayed_samples = 0
+        self._skips: list[list[int]] = []  # [epoch, start, stop] item indices left out (``skip_samples``)
+        self._unannounced: list[list[int]] = []  # ranges given in this process, not yet set against the shares
 
     @classmethod
     def from_dataloader(
@@ -231,6 +236,11 @@ class IterableShardDataLoader(DataLoaderAdapter):
         pos = self._position
         self._generation += 1
         snapshots, lines = agree_snapshots(self._stream.dataset, pos.snapshots)  # GlobalStream.agree
+        if isinstance(self._stream.dataset, GlobalStream):
+            lines += _stream_skips.already_delivered(
+                snapshots, [(start, stop) for epoch, start, stop in self._unannounced if epoch == self._epoch])
+            self._unannounced = [r for r in self._unannounced if r[0] > self._epoch]
+            snapshots = _stream_skips.with_ranges(snapshots, _skips.of_epoch(self._skips, self._epoch))
         for line in lines if self.ctx.is_main else ():
             logger.warning("%s", line)
         starts = [
@@ -281,6 +291,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 "stateful": self._stream.stateful,
                 "reading": self._reading,
             },
+            S.SKIPPED: [list(r) for r in self._skips],
         }
 
     def _config(self) -> dict:
@@ -351,6 +362,14 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"cannot resume{where}: inconsistent position: the workers' batches add up to {sum(taken)}, "
                 f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
             )
+        saved_skips = _stream_skips.saved_ranges(state_dict, where)
+        if saved_skips and not isinstance(self._stream.dataset, GlobalStream):
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: the checkpoint leaves out items of a composable source (skip_samples), "
+                f"but this loader reads a {type(self.dataset).__name__}; resume with the source it was saved with"
+            )
+        for epoch, start, stop in self._skips:  # given before the load: checked against the saved epoch
+            _stream_skips.check_new(epoch, start, stop, current_epoch=state_dict[S.EPOCH])
 
     def _reader_now(self) -> Readers:
         return Readers(self._reading, self.ctx.world_size, self.num_workers, self._position.num_logical,
@@ -376,6 +395,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
         stream = state_dict[STREAM]
         pos = self._position
         self._pass = None
+        saved_skips = _stream_skips.saved_ranges(state_dict, "")
+        self._skips = _skips.merged(saved_skips + [r for r in self._skips if r not in saved_skips])
         pos.last = None
         if self.elastic and self._rescaled(state_dict):
             # Elastic: every part's position, dealt out again to this topology's readers from its own position.
@@ -405,6 +426,45 @@ class IterableShardDataLoader(DataLoaderAdapter):
     def _rewind(self) -> None:
         self._position.reset()
         self._pass = None
+
+    def skip_samples(self, start: int, stop: int, epoch: Optional[int] = None) -> None:
+        """Leave out the items of global indices ``start`` to ``stop - 1`` of an epoch, for good (a loss spike's rows).
+
+        For the package's composable sources (``accelerate_stateful.sources``: ``Mixture``, ``Packed``,
+        ``Shuffled``, ``exact_shuffle``), whose items have a global index, the same on every number of
+        processes and workers; other streams are refused. The ranges are saved with the position, so every
+        later resume (on any setup) leaves them out too. Call it on every process alike, between passes.
+        Items of the range a worker share already delivered stay delivered (a warning says so).
+
+        Args:
+            start: The first index left out.
+            stop: The index after the last one left out.
+            epoch: The epoch; ``None``: the epoch the loader's position is in.
+
+        Examples:
+            >>> accelerator.resume()                                 # doctest: +SKIP
+            >>> train_dl.skip_samples(40960, 43008)                  # doctest: +SKIP
+        """
+        self._refuse_if_live("skip_samples()")
+        self._add_skip(self._epoch if epoch is None else epoch, start, stop, current_epoch=self._epoch)
+
+    def _add_skip(self, epoch: int, start: int, stop: int, *, current_epoch: int) -> None:
+        """Record a range left out (this loader's, or the dispatcher's when this loader is its reader)."""
+        if not isinstance(self._stream.dataset, GlobalStream):
+            super().skip_samples(start, stop, epoch)  # refused, with the reason
+        _stream_skips.check_new(epoch, start, stop, current_epoch=current_epoch)
+        self._skips = _skips.merged(self._skips + [[epoch, start, stop]])
+        self._unannounced.append([epoch, start, stop])
+
+    @property
+    def skipped_samples(self) -> list[tuple[int, int, int]]:
+        """The ranges ``(epoch, start, stop)`` of item indices left out (``skip_samples``), as saved."""
+        return [tuple(r) for r in self._skips]
+
+    def _digest(self) -> tuple:
+        key, point = super()._digest()
+        skips = tuple(map(tuple, self._skips))
+        return (key, skips), point + (skips,)  # every process must leave out the same items
 
     def _seek(self, num_batches: int) -> None:
         raise UnsupportedConfigError(

@@ -25,15 +25,22 @@ beginning. States are plain JSON-able data.
 Two optional hooks serve a source whose shares must agree on something (a
 mixture's weight change): :meth:`GlobalStream.agree`, which the package's
 stream loader calls in the main process at the start of every pass with every
-share's starting position, and a cursor's ``split(workers, worker)``, told
-which items its share keeps (for accounting what the share delivered).
+share's starting position, and a cursor's ``split(keeps)``, told which items
+its share keeps (for accounting what the share delivered).
+
+Items can be left out for good (``loader.skip_samples``: a loss spike's rows):
+the loader puts the epoch's ranges of indices into every share's starting
+state (``"skip"``), and the outermost source reads the items in them without
+handing them to any worker. The split stays ``k % n == w`` over the indices,
+so what every share keeps outside the ranges does not move.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import copy
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -48,8 +55,24 @@ class Cursor(Protocol):
     def position(self) -> Any:
         """A JSON-able position: opening the sequence there continues right after the last item returned."""
 
-    # Optional: ``split(workers, worker)``, called once before the first item when the cursor is the outermost
-    # one of a worker's share, which keeps the items ``k`` with ``k % workers == worker``.
+    # Optional: ``split(keeps)``, called once before the first item when the cursor is the outermost one of a
+    # worker's share; ``keeps(k)`` says whether the share hands out the item of global index ``k``.
+
+
+def share_filter(workers: int, worker: int, skip: Sequence[Sequence[int]] = ()) -> Callable[[int], bool]:
+    """Whether worker ``worker`` of ``workers`` hands out the item of global index ``k``: its own items
+    (``k % workers == worker``) but those in the sorted, disjoint ``[start, stop)`` ranges of ``skip``."""
+    if not skip:
+        return lambda k: k % workers == worker
+    starts, stops = [start for start, _ in skip], [stop for _, stop in skip]
+
+    def keeps(k: int) -> bool:
+        if k % workers != worker:
+            return False
+        i = bisect.bisect_right(starts, k) - 1
+        return i < 0 or k >= stops[i]
+
+    return keeps
 
 
 @contextlib.contextmanager
@@ -227,13 +250,16 @@ class GlobalStream(IterableDataset):
     def state_dict(self) -> dict:
         live = self.__dict__.get("_live")
         if live is not None:
-            cursor, index = live
-            return {"index": index[0], "position": cursor.position()}
+            cursor, index, skip = live
+            state = {"index": index[0], "position": cursor.position()}
+            if skip:
+                state["skip"] = [list(r) for r in skip]
+            return state
         start = self.__dict__.get("_start")
         return copy.deepcopy(start) if start is not None else {"index": 0, "position": None}
 
     def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or set(state) != {"index", "position"} or not isinstance(state["index"], int):
+        if not _well_formed(state):
             raise CheckpointError(
                 f"the saved position of a {type(self).__name__} is not one it wrote (got {str(state)[:200]}); "
                 "resume from a checkpoint written with this source, or start the run without loading"
@@ -253,23 +279,38 @@ class GlobalStream(IterableDataset):
         self._start = None
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        skip = [tuple(r) for r in start.get("skip", ())]
+        keeps = share_filter(workers, worker, skip)
         cursor = self.open(start["position"], self.epoch)
         if callable(getattr(cursor, "split", None)):
-            cursor.split(workers, worker)
+            cursor.split(keeps)
         index = [start["index"]]  # shared with state_dict(): the global index of the next item
-        self._live = (cursor, index)
-        return self._split(cursor, index, workers, worker)
+        self._live = (cursor, index, skip)
+        return self._split(cursor, index, keeps)
 
     @staticmethod
-    def _split(cursor: Cursor, index: list, workers: int, worker: int) -> Iterator[Any]:
+    def _split(cursor: Cursor, index: list, keeps: Callable[[int], bool]) -> Iterator[Any]:
         while True:
             try:
                 item = next(cursor)
             except StopIteration:
                 return
             index[0] += 1
-            if (index[0] - 1) % workers == worker:
+            if keeps(index[0] - 1):
                 yield item
+
+
+def _well_formed(state: Any) -> bool:
+    """A state :meth:`GlobalStream.state_dict` writes: the next index, a position, maybe the ranges left out."""
+    if not isinstance(state, dict) or not {"index", "position"} <= set(state) <= {"index", "position", "skip"}:
+        return False
+    if not isinstance(state["index"], int) or isinstance(state["index"], bool):
+        return False
+    skip = state.get("skip", [])
+    return isinstance(skip, list) and all(
+        isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+        and 0 <= r[0] < r[1] for r in skip
+    ) and all(a[1] <= b[0] for a, b in zip(skip, skip[1:]))
 
 
 def agree_states(dataset: Any, states: list) -> tuple[list, list[str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from torch.utils.data import get_worker_info
 
@@ -197,11 +197,11 @@ class _Cursor:
         self._cursors: dict[str, Any] = {}
         self._drawn, self._delivered = dict(position["drawn"]), dict(position["delivered"])
         self._restarts = dict(position["restarts"])
-        self._keep: Optional[tuple[int, int]] = None
+        self._keeps: Optional[Callable[[int], bool]] = None
         self._entry = in_effect(self._schedule, self._k)
 
-    def split(self, workers: int, worker: int) -> None:
-        self._keep = (workers, worker)
+    def split(self, keeps: Callable[[int], bool]) -> None:
+        self._keeps = keeps
 
     def __next__(self) -> Any:
         k = self._k
@@ -213,7 +213,7 @@ class _Cursor:
         item = self._read(name)  # StopIteration: a drawn source ended, and so does the epoch
         self._k = k + 1
         self._drawn[name] += 1
-        if self._keep is None or k % self._keep[0] == self._keep[1]:
+        if self._keeps is None or self._keeps(k):
             self._delivered[name] += 1
         return item
 

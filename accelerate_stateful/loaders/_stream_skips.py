@@ -1,0 +1,85 @@
+"""Items of a composable source left out for good (``skip_samples`` on a stream): where the ranges go.
+
+A composable source (``sources._global``) numbers its items with a global index, the same on every number of
+processes and workers. The loader owns the ranges ``[epoch, start, stop]`` of those indices left out (saved
+with its position as ``skipped_samples``, as a map-style loader saves its own), and at the start of every
+pass puts the epoch's ranges into every share's starting state, where the outermost source reads them: it
+reads the items in them and hands none to a worker. Persistent workers get them the same way, since each
+pass's starting states are what the workers load.
+
+Nothing here depends on how far a share has read, so every process decides the same: a range is checked for
+its integers and its epoch only. Items of a range that a share delivered before the range was given stay
+delivered; the pass that first applies the range says so in a warning (:func:`already_delivered`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ..checkpoint import _state as S
+from ..errors import UnsupportedConfigError
+from ..position import _skips
+from ._snapshot import unpack
+
+
+def check_new(epoch: Any, start: Any, stop: Any, *, current_epoch: int) -> None:
+    """Refuse a range that is not ``0 <= start < stop`` integers, or that lies in a past epoch."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, start, stop)):
+        raise UnsupportedConfigError(
+            f"skip_samples({start!r}, {stop!r}, epoch={epoch!r}) needs integers; pass the range of the source's "
+            "item indices as ints"
+        )
+    if not 0 <= start < stop:
+        raise UnsupportedConfigError(
+            f"skip_samples({start}, {stop}) is not a range of item indices; pass 0 <= start < stop (indices of the "
+            "source's global sequence, counted from the epoch's start)"
+        )
+    if epoch < current_epoch:
+        raise UnsupportedConfigError(
+            f"skip_samples(..., epoch={epoch}): the loader is already in epoch {current_epoch}; items of a past "
+            "epoch cannot be left out any more, resume from a checkpoint saved before them"
+        )
+
+
+def with_ranges(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[int]]) -> list[Optional[dict]]:
+    """The shares' starting snapshots with the epoch's ``ranges`` (``(start, stop)``) in each source state.
+
+    A share starting the epoch (``None``) gets the source's starting state with them; without ranges, a
+    snapshot is returned as it was, but for ranges an earlier pass left in it.
+    """
+    found: list[Optional[dict]] = []
+    for snapshot in snapshots:
+        snap = None if snapshot is None else unpack(snapshot)
+        if not ranges and (snap is None or "skip" not in (snap.get("dataset") or {})):
+            found.append(snapshot)
+            continue
+        state = dict((snap or {}).get("dataset") or {"index": 0, "position": None})
+        state.pop("skip", None)
+        if ranges:
+            state["skip"] = [list(r) for r in ranges]
+        found.append(dict(snap or {"items": 0, "ended": False}, dataset=state))
+    return found
+
+
+def already_delivered(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[int]]) -> list[str]:
+    """For each new ``(start, stop)`` range, a line when some share delivered items of it before it was given.
+
+    Share ``w`` of ``n`` delivered the items ``k`` with ``k % n == w`` below its next index.
+    """
+    n = len(snapshots)
+    nexts = [0 if snap is None else int(unpack(snap)["dataset"]["index"]) for snap in snapshots]
+    lines = []
+    for start, stop in ranges:
+        passed = [w for w, at in enumerate(nexts) if start + (w - start) % n < min(stop, at)]
+        if passed:
+            lines.append(
+                f"skip_samples({start}, {stop}): {len(passed)} of {n} reader shares had already delivered items of "
+                f"this range before it was given (they read up to index {max(nexts[w] for w in passed)}); those "
+                "stay delivered, the rest of the range is left out"
+            )
+    return lines
+
+
+def saved_ranges(state_dict: Any, where: str) -> list[list[int]]:
+    """The ranges a stream loader's state leaves out (none in a state of an earlier release)."""
+    return _skips.check_saved(state_dict.get(S.SKIPPED, []), where)
