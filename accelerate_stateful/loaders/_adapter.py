@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequence
 
 import torch
 from accelerate.state import GradientState
@@ -305,9 +305,13 @@ class DataLoaderAdapter(Stateful):
         )
 
     @property
-    def skipped_samples(self) -> list:
-        """The ranges ``(epoch, start, stop)`` left out (``skip_samples``): none for this loader."""
-        return []
+    def skipped_samples(self) -> list[tuple[int, int, int]]:
+        """The ranges ``(epoch, start, stop)`` left out (``skip_samples``), as saved with the position."""
+        return [tuple(r) for r in self._left_out()]
+
+    def _left_out(self) -> Sequence[Sequence[int]]:
+        """Hook: the ranges ``[epoch, start, stop]`` this loader leaves out (none where it refuses them)."""
+        return ()
 
     def _batch_change(self, state_dict: Mapping[str, Any]) -> Optional[tuple[Any, Any]]:
         """``(saved, current)`` batch size when this run's differs from the checkpoint's, else ``None``."""
@@ -342,8 +346,11 @@ class DataLoaderAdapter(Stateful):
             )
 
     def _digest(self) -> tuple:
-        """What every rank must agree on when a checkpoint is taken or loaded (``checkpoint._in_step``)."""
-        return self._life.digest()
+        """What every rank must agree on when a checkpoint is taken or loaded (``checkpoint._in_step``): the
+        lifecycle's point, and the ranges left out (every process must leave out the same samples)."""
+        key, point = self._life.digest()
+        skips = tuple(map(tuple, self._left_out()))
+        return (key, skips), point + (skips,)
 
     def _has_live_pass(self) -> bool:
         return self._life.is_live()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from accelerate.utils import concatenate, find_batch_size, slice_tensors
@@ -214,7 +214,7 @@ class DispatchDataLoader(DataLoaderAdapter):
 
     def _position_state(self) -> dict:
         return {S.BATCHES_YIELDED: self._steps, FIRST: self._first, ORIGIN: list(self._step_origin),
-                TAKEN: self._samples, S.SKIPPED: [list(r) for r in getattr(self._reader, "_skips", ())]}
+                TAKEN: self._samples, S.SKIPPED: [list(r) for r in self._left_out()]}
 
     def _base_state(self) -> Any:
         return self._reader.state_dict() if self._reads else None
@@ -325,15 +325,8 @@ class DispatchDataLoader(DataLoaderAdapter):
         reader._add_skip(self._epoch if epoch is None else epoch, start, stop, consumed=self._samples,
                          current_epoch=self._epoch)
 
-    @property
-    def skipped_samples(self) -> list[tuple[int, int, int]]:
-        """The ranges ``(epoch, start, stop)`` left out (``skip_samples``), as saved with the position."""
-        return [tuple(r) for r in getattr(self._reader, "_skips", ())]
-
-    def _digest(self) -> tuple:
-        key, point = super()._digest()
-        skips = tuple(map(tuple, getattr(self._reader, "_skips", ())))
-        return (key, skips), point + (skips,)  # every process must leave out the same samples
+    def _left_out(self) -> Sequence[Sequence[int]]:
+        return self._reader._left_out()
 
     def _seek(self, num_batches: int) -> None:
         self._refuse_past_end(num_batches)

@@ -456,15 +456,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
         self._skips = _skips.merged(self._skips + [[epoch, start, stop]])
         self._unannounced.append([epoch, start, stop])
 
-    @property
-    def skipped_samples(self) -> list[tuple[int, int, int]]:
-        """The ranges ``(epoch, start, stop)`` of item indices left out (``skip_samples``), as saved."""
-        return [tuple(r) for r in self._skips]
-
-    def _digest(self) -> tuple:
-        key, point = super()._digest()
-        skips = tuple(map(tuple, self._skips))
-        return (key, skips), point + (skips,)  # every process must leave out the same items
+    def _left_out(self) -> list[list[int]]:
+        return self._skips
 
     def _seek(self, num_batches: int) -> None:
         raise UnsupportedConfigError(

@@ -451,15 +451,8 @@ class ShardDataLoader(DataLoaderAdapter):
         if epoch == self._epoch:
             self._plan = self._plan_from(self._plan.origin)
 
-    @property
-    def skipped_samples(self) -> list[tuple[int, int, int]]:
-        """The ranges ``(epoch, start, stop)`` left out (``skip_samples``), as saved with the position."""
-        return [tuple(r) for r in self._skips]
-
-    def _digest(self) -> tuple:
-        key, point = super()._digest()
-        skips = tuple(map(tuple, self._skips))
-        return (key, skips), point + (skips,)  # every process must leave out the same samples
+    def _left_out(self) -> list[list[int]]:
+        return self._skips
 
     def _rewind(self) -> None:
         self._use_order_of(self.ctx.world_size)  # a new epoch is this world size's own
