@@ -36,8 +36,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Every ``save_state``/``load_state`` collects garbage once (``checkpoint._in_step``); the objects the
-    imports made (torch, transformers: about 95 ms per full collection here) are set aside so that a
+    """A ``save_state``/``load_state`` with a pass live collects garbage once (``checkpoint._in_step``); the
+    objects the imports made (torch, transformers: about 95 ms per full collection here) are set aside so that a
     collection scans what the tests create, and the many checkpoints the suite takes stay cheap."""
     gc.collect()
     gc.freeze()

@@ -17,8 +17,8 @@ which does three things:
   collective that cannot complete. A scenario script that records results per scenario records the failing
   scenario, then lets its exception leave ``main``.
 
-- **Imports set aside for the collector.** Every ``save_state``/``load_state`` collects garbage once
-  (``checkpoint._in_step``); the objects the script's imports made (torch, accelerate, transformers) are
+- **Imports set aside for the collector.** A ``save_state``/``load_state`` with a pass live collects garbage
+  once (``checkpoint._in_step``); the objects the script's imports made (torch, accelerate, transformers) are
   frozen out of the collector's sight before ``main`` starts, as ``conftest.py`` does for the tests run in
   one process, so that a collection scans what the run creates (about 75 ms less per save and load). A pass
   dropped by the run is created after the freeze, so the collections find it as they would in any run.

@@ -307,8 +307,9 @@ class DispatchDataLoader(DataLoaderAdapter):
         self._reader._start_epoch(self._epoch)
 
     def skip_samples(self, start: int, stop: int, epoch: Optional[int] = None) -> None:
-        """Leave out positions ``start`` to ``stop - 1`` of an epoch's order, for good (``ShardDataLoader.skip_samples``;
-        the reader's order is the global one)."""
+        """Leave out positions ``start`` to ``stop - 1`` of an epoch's order, for good
+        (``ShardDataLoader.skip_samples``: the reader's order is the global one), or those item indices of a
+        composable source (``IterableShardDataLoader.skip_samples``)."""
         self._refuse_if_live("skip_samples()")
         reader = self._reader
         if reader.mode == S.STREAM_MODE:  # a composable source's item indices, or refused with the reason
