@@ -244,3 +244,27 @@ def test_the_documented_recipe_leaves_out_whole_steps(workers, world, batch, dis
         expected = full[: shares * j0] + full[shares * j1:]
         assert got[: len(expected) - shares] == expected[: len(expected) - shares], f"rank {rank}"
         assert not {i for step in left_out for i in step} & {i for step in got for i in step}
+
+
+@pytest.mark.parametrize("dispatch", [False, True], ids=["shard", "dispatcher"])
+def test_the_resume_line_and_inspect_name_the_items_left_out(dispatch, caplog):
+    from pathlib import Path
+
+    from accelerate_stateful.accelerator import _log_resume
+    from accelerate_stateful.cli._report import _rank, format_report
+
+    _, state = run_loop(make(2, 3, dispatch, 2, 0), 1, (2, "in_loop"))
+    loader = make(2, 3, dispatch, 2, 0)
+    loader.skip_samples(30, 36)  # before the load: added to the checkpoint's
+    loader.load_state_dict(through_files(state))
+    with caplog.at_level("INFO", logger="accelerate_stateful"):
+        _log_resume(0, loader, state, Path("ckpt"))
+    assert "leaving out samples [30, 36) of epoch 0, from ckpt" in caplog.text
+    saved = through_files(loader.state_dict())
+    row = _rank(None, 0, [saved], 0)
+    assert row["skipped_samples"] == [[0, 30, 36]]
+    report = {"checkpoint": "ckpt", "problems": [], "gradient_carry": None, "complete": True, "world_size": 2,
+              "num_loaders": 1, "manifest_problem": None, "manifest_version": 1,
+              "loaders": [{"loader": 0, "kind": saved["mode"], "reads": None, "format_version": 1, "config": {},
+                           "ranks": [row]}]}
+    assert "skipped samples (skip_samples): [30, 36) of epoch 0" in format_report(report)
