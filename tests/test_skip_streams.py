@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader
 from accelerate_stateful.errors import CheckpointError, LifecycleError, UnsupportedConfigError
-from accelerate_stateful.sources import Packed
+from accelerate_stateful.sources import Packed, Shuffled
 
 from harness import run_loop, through_files
 from test_mixture import mixture
@@ -76,17 +76,23 @@ def test_a_range_given_after_a_resume_is_left_out_and_stays_out(config):
         assert sorted(epoch1) == sorted(EPOCH1[:len(epoch1)] if drop_last else EPOCH1) or drop_last
 
 
+@pytest.mark.parametrize("outer", ["mixture", "shuffled"])
 @pytest.mark.parametrize("workers", [0, 2, 3])
 @pytest.mark.parametrize("dispatch", [False, True], ids=["shard", "dispatcher"])
-def test_a_resumed_run_with_the_range_equals_the_uninterrupted_run_with_it(workers, dispatch):
+def test_a_resumed_run_with_the_range_equals_the_uninterrupted_run_with_it(workers, dispatch, outer):
+    """The outermost source may be any composable one: here a mixture, or a shuffle buffer over it."""
+    def source():
+        return mixture() if outer == "mixture" else Shuffled(mixture(), buffer_size=8, seed=4)
+
     skip = (30, 47)
-    whole = make(workers, 3, dispatch)
+    sequence = [step.ids[0] for step in run_loop(make(0, 1, dataset=source()), 1)[0]]
+    whole = make(workers, 3, dispatch, dataset=source())
     whole.skip_samples(*skip)
     reference = ids(run_loop(whole, 1)[0])
-    assert sorted(reference) == sorted(without(EPOCH0, skip))
+    assert sorted(reference) == sorted(without(sequence, skip))
     for stop in (0, 2, 4):
-        steps, state = run_loop(make(workers, 3, dispatch), 1, (stop, "in_loop"))
-        resumed = make(workers, 3, dispatch)
+        steps, state = run_loop(make(workers, 3, dispatch, dataset=source()), 1, (stop, "in_loop"))
+        resumed = make(workers, 3, dispatch, dataset=source())
         resumed.skip_samples(*skip)  # before the load: added to the checkpoint's
         resumed.load_state_dict(through_files(state))
         assert ids(steps) + ids(run_loop(resumed, 1, taken=stop)[0]) == reference, f"stop {stop}"
