@@ -11,6 +11,7 @@ as gone.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 from pathlib import Path
@@ -142,3 +143,45 @@ def test_a_pass_ended_by_an_exception_in_every_epoch_never_accumulates_workers(t
             kept.append(exc)
         assert live_children() - before == set()
     assert len(kept) == 3
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("persistent", [False, True], ids=["live-pass", "persistent"])
+def test_workers_freed_by_the_garbage_collector_are_stopped_before_torchs_clean_up(
+        tmp_path, monkeypatch, variant, persistent):
+    """A loader held in a reference cycle is freed by the cyclic collector, which may finalize the queues its
+    base iterator sends work through before torch's clean-up runs: that clean-up's end message would reach no
+    worker, and it would wait its join timeout for each. The package's finalizer stops them first, through the
+    queues it keeps open (``loaders/_workers``): torch's clean-up finds every worker ended."""
+    from multiprocessing.connection import wait
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    found = []
+    original = _MultiProcessingDataLoaderIter._shutdown_workers
+
+    def recording(self):
+        if not self._shutdown and {worker.pid for worker in self._workers} & ours:
+            # A worker has ended once its sentinel is ready (is_alive() may lag behind, until it can be reaped).
+            ended = set(wait([worker.sentinel for worker in self._workers], timeout=0))
+            found.append([worker.sentinel not in ended for worker in self._workers])
+        original(self)
+
+    gc.collect()  # what earlier tests left to the collector goes first
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", recording)
+    (tmp_path / "failed-once").touch()  # no record fails here
+    accelerator, dl = prepared(variant, 2, persistent, tmp_path / "failed-once")
+    before, ours = live_children(), set()
+    if persistent:
+        assert len([batch for batch in dl]) > 0  # the workers stay for the next pass
+        held = None
+    else:
+        held = iter(dl)
+        next(held)  # a live pass, its workers running
+    ours |= live_children() - before
+    cycle = {"loader": dl, "accelerator": accelerator, "pass": held}
+    cycle["self"] = cycle
+    del accelerator, dl, held, cycle
+    gc.collect()
+    assert found and all(not any(alive) for alive in found), f"torch's clean-up found workers running: {found}"
+    assert live_children() - before == set()

@@ -14,6 +14,15 @@ Two rules, both about what holds a base iterator alive:
   waits for work from a parent that will never send any. :func:`end_all`, run at exit before torch's and
   multiprocessing's own exit handlers, ends every worker of this package's loaders first.
 
+- When the cyclic garbage collector frees a base iterator (its loader held in a reference cycle: an exception
+  kept in a variable, a dropped object that refers to itself), the :mod:`multiprocessing` queues it sends
+  work through may be finalized first, in the same collection: torch's clean-up then puts its end-of-work
+  message into a queue whose feeder thread has ended, no worker receives it, and torch waits its 5 s join
+  timeout for each worker before terminating it (a plain ``DataLoader`` with two persistent workers: 10 s,
+  at whatever point of the program the collection ran). A finalizer registered on every base iterator with
+  workers (:func:`track`) holds those queues, so they outlive the iterator, and asks the workers to stop
+  through them: the collector calls it before the iterator's ``__del__``.
+
 Either way a worker is asked to stop (torch's own ``_shutdown_workers``: the end-of-work message, the
 queues closed) and, if it has not ended within :data:`GRACE_S` (a dataset call that does not return, a
 worker that ignores ``SIGTERM``), killed with ``SIGKILL``.
@@ -24,6 +33,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import time
 import weakref
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -36,12 +46,41 @@ from torch.utils.data import _utils as torch_data_utils
 GRACE_S = 3.0
 
 _running: "weakref.WeakSet[Any]" = weakref.WeakSet()  # base iterators whose workers may be alive
+_finalized: "weakref.WeakSet[Any]" = weakref.WeakSet()  # base iterators with a finalizer (persistent: one)
 
 
 def track(base_iterator: Any) -> None:
-    """Remember ``base_iterator`` (if it has worker processes) so that :func:`end_all` reaches it."""
-    if getattr(base_iterator, "_workers", None):
-        _running.add(base_iterator)
+    """Remember ``base_iterator`` (if it has worker processes) so that :func:`end_all` reaches it, and stop its
+    workers when it is freed by the garbage collector (see the module docstring)."""
+    workers = getattr(base_iterator, "_workers", None)
+    if not workers:
+        return
+    _running.add(base_iterator)
+    if base_iterator not in _finalized:
+        _finalized.add(base_iterator)
+        finalizer = weakref.finalize(
+            base_iterator, _stop_orphans, os.getpid(), id(base_iterator), list(workers),
+            list(getattr(base_iterator, "_index_queues", ())), getattr(base_iterator, "_workers_done_event", None),
+        )
+        finalizer.atexit = False  # at exit, end_all does it
+
+
+def _stop_orphans(owner: int, iterator_id: int, workers: list, index_queues: list, done_event: Any) -> None:
+    """A freed base iterator's workers, stopped through queues that are still open (a no-op when they ended)."""
+    if sys.is_finalizing() or os.getpid() != owner or not any(worker.is_alive() for worker in workers):
+        return  # the interpreter's end (end_all ran), a copy in a forked worker, or torch's clean-up ran first
+    if done_event is not None:
+        done_event.set()
+    for index_queue in index_queues:
+        try:
+            index_queue.put(None)
+        except (RuntimeError, ValueError, OSError):  # a queue closed meanwhile
+            pass
+    late = _running_after(workers, time.monotonic() + GRACE_S)
+    if late:
+        torch_data_utils.signal_handling._remove_worker_pids(iterator_id)
+        for worker in late:
+            _kill(worker.pid)
 
 
 def shut_down(base_iterator: Any, loader: Any = None) -> None:
