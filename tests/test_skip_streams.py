@@ -16,16 +16,17 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader
-from accelerate_stateful.errors import CheckpointError, LifecycleError, UnsupportedConfigError
+from accelerate_stateful.errors import CheckpointError, LifecycleError, StateMismatchError, UnsupportedConfigError
 from accelerate_stateful.sources import Packed, Shuffled
 
 from harness import run_loop, through_files
 from test_mixture import mixture
 
 
-def make(workers=0, batch=3, dispatch=False, world=1, rank=0, drop_last=False, dataset=None):
+def make(workers=0, batch=3, dispatch=False, world=1, rank=0, drop_last=False, dataset=None, persistent=False):
     dl = DataLoader(mixture() if dataset is None else dataset, batch_size=batch, num_workers=workers,
-                    drop_last=drop_last, generator=torch.Generator().manual_seed(7))
+                    drop_last=drop_last, generator=torch.Generator().manual_seed(7),
+                    persistent_workers=persistent)
     return (DispatchDataLoader if dispatch else IterableShardDataLoader).from_dataloader(dl, DistContext(rank, world))
 
 
@@ -108,6 +109,24 @@ def test_ranges_of_a_later_epoch_and_several_ranges():
     steps = run_loop(loader, 2)[0]
     assert sorted(ids(s for s in steps if s.epoch == 0)) == sorted(without(EPOCH0, (20, 21)))
     assert sorted(ids(s for s in steps if s.epoch == 1)) == sorted(without(EPOCH1, (0, 2), (5, 12)))
+
+
+@pytest.mark.parametrize("dispatch", [False, True], ids=["shard", "dispatcher"])
+def test_persistent_workers_leave_out_a_range_given_between_epochs(dispatch):
+    loader = make(2, 3, dispatch, persistent=True)
+    first = ids(run_loop(loader, 1)[0])
+    loader.skip_samples(10, 25)  # the epoch the loader stands at: 1, read by the same worker processes
+    second = ids(s for s in run_loop(loader, 2)[0] if s.epoch == 1)
+    assert sorted(first) == sorted(EPOCH0)
+    assert sorted(second) == sorted(without(EPOCH1, (10, 25)))
+
+
+def test_a_checkpoint_that_leaves_out_items_is_refused_by_a_loader_over_another_stream():
+    loader = make(0, 3)
+    loader.skip_samples(4, 8)
+    _, state = run_loop(loader, 1, (2, "in_loop"))
+    with pytest.raises(StateMismatchError, match="dataset class: saved 'Mixture', current 'Plain'"):
+        make(0, 3, dataset=Plain()).load_state_dict(through_files(state))
 
 
 def test_items_already_delivered_stay_delivered_with_a_warning(caplog):

@@ -362,12 +362,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 f"cannot resume{where}: inconsistent position: the workers' batches add up to {sum(taken)}, "
                 f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
             )
-        saved_skips = _stream_skips.saved_ranges(state_dict, where)
-        if saved_skips and not isinstance(self._stream.dataset, GlobalStream):
-            raise UnsupportedConfigError(
-                f"cannot resume{where}: the checkpoint leaves out items of a composable source (skip_samples), "
-                f"but this loader reads a {type(self.dataset).__name__}; resume with the source it was saved with"
-            )
+        _stream_skips.saved_ranges(state_dict, where)  # (another dataset class is refused with the config)
         for epoch, start, stop in self._skips:  # given before the load: checked against the saved epoch
             _stream_skips.check_new(epoch, start, stop, current_epoch=state_dict[S.EPOCH])
 
