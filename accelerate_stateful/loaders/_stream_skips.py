@@ -44,19 +44,17 @@ def check_new(epoch: Any, start: Any, stop: Any, *, current_epoch: int) -> None:
 def with_ranges(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[int]]) -> list[Optional[dict]]:
     """The shares' starting snapshots with the epoch's ``ranges`` (``(start, stop)``) in each source state.
 
-    A share starting the epoch (``None``) gets the source's starting state with them; without ranges, a
-    snapshot is returned as it was, but for ranges an earlier pass left in it.
+    A share starting the epoch (``None``) gets the source's starting state with them. Without ranges the
+    snapshots are returned as they are: the ranges of an epoch only grow while it runs, and a new epoch
+    starts from no snapshot, so none holds ranges then.
     """
+    if not ranges:
+        return list(snapshots)
     found: list[Optional[dict]] = []
     for snapshot in snapshots:
         snap = None if snapshot is None else unpack(snapshot)
-        if not ranges and (snap is None or "skip" not in (snap.get("dataset") or {})):
-            found.append(snapshot)
-            continue
         state = dict((snap or {}).get("dataset") or {"index": 0, "position": None})
-        state.pop("skip", None)
-        if ranges:
-            state["skip"] = [list(r) for r in ranges]
+        state["skip"] = [list(r) for r in ranges]
         found.append(dict(snap or {"items": 0, "ended": False}, dataset=state))
     return found
 
@@ -66,6 +64,8 @@ def already_delivered(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequ
 
     Share ``w`` of ``n`` delivered the items ``k`` with ``k % n == w`` below its next index.
     """
+    if not ranges:
+        return []
     n = len(snapshots)
     nexts = [0 if snap is None else int(unpack(snap)["dataset"]["index"]) for snap in snapshots]
     lines = []

@@ -21,7 +21,8 @@ Two rules, both about what holds a base iterator alive:
   timeout for each worker before terminating it (a plain ``DataLoader`` with two persistent workers: 10 s,
   at whatever point of the program the collection ran). A finalizer registered on every base iterator with
   workers (:func:`track`) holds those queues, so they outlive the iterator, and asks the workers to stop
-  through them: the collector calls it before the iterator's ``__del__``.
+  through them: the collector calls it before the iterator's ``__del__``, whose clean-up then ends any
+  worker still running after :data:`GRACE_S` its own way.
 
 Either way a worker is asked to stop (torch's own ``_shutdown_workers``: the end-of-work message, the
 queues closed) and, if it has not ended within :data:`GRACE_S` (a dataset call that does not return, a
@@ -59,28 +60,20 @@ def track(base_iterator: Any) -> None:
     if base_iterator not in _finalized:
         _finalized.add(base_iterator)
         finalizer = weakref.finalize(
-            base_iterator, _stop_orphans, os.getpid(), id(base_iterator), list(workers),
+            base_iterator, _stop_orphans, os.getpid(), list(workers),
             list(getattr(base_iterator, "_index_queues", ())), getattr(base_iterator, "_workers_done_event", None),
         )
         finalizer.atexit = False  # at exit, end_all does it
 
 
-def _stop_orphans(owner: int, iterator_id: int, workers: list, index_queues: list, done_event: Any) -> None:
+def _stop_orphans(owner: int, workers: list, index_queues: list, done_event: Any) -> None:
     """A freed base iterator's workers, stopped through queues that are still open (a no-op when they ended)."""
     if sys.is_finalizing() or os.getpid() != owner or not any(worker.is_alive() for worker in workers):
         return  # the interpreter's end (end_all ran), a copy in a forked worker, or torch's clean-up ran first
-    if done_event is not None:
-        done_event.set()
-    for index_queue in index_queues:
-        try:
-            index_queue.put(None)
-        except (RuntimeError, ValueError, OSError):  # a queue closed meanwhile
-            pass
-    late = _running_after(workers, time.monotonic() + GRACE_S)
-    if late:
-        torch_data_utils.signal_handling._remove_worker_pids(iterator_id)
-        for worker in late:
-            _kill(worker.pid)
+    _send_end(done_event, index_queues)
+    # A worker still running after the wait (inside a dataset call) is left to torch's clean-up, which runs
+    # next and ends it as it ends any worker: its pids are still registered with torch, not taken out here.
+    _running_after(workers, time.monotonic() + GRACE_S)
 
 
 def shut_down(base_iterator: Any, loader: Any = None) -> None:
@@ -122,10 +115,16 @@ def stop_all(base_iterators: Iterable[Any], grace_s: float = GRACE_S) -> None:
 
 
 def _ask(base_iterator: Any) -> None:
-    """What torch's clean-up sends first, without its joins: the end-of-work event and an end message per
-    worker (a worker between two waits sees the event; one waiting for work reads the message)."""
-    base_iterator._workers_done_event.set()
-    for index_queue in getattr(base_iterator, "_index_queues", ()):
+    """What torch's clean-up sends first, without its joins (:func:`_send_end`)."""
+    _send_end(base_iterator._workers_done_event, getattr(base_iterator, "_index_queues", ()))
+
+
+def _send_end(done_event: Any, index_queues: Iterable[Any]) -> None:
+    """The end-of-work event and an end message per worker (a worker between two waits sees the event; one
+    waiting for work reads the message)."""
+    if done_event is not None:
+        done_event.set()
+    for index_queue in index_queues:
         try:
             index_queue.put(None)
         except (RuntimeError, ValueError, OSError):  # no queue thread at interpreter exit, or a closed queue
