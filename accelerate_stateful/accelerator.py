@@ -382,8 +382,8 @@ class Accelerator(accelerate.Accelerator):
 
 def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path) -> None:
     """One line saying where the loader resumes, and the change of topology it handles."""
-    epoch, taken, between = loader._resume_point()
-    done = 1.0 if between else loader.progress()
+    epoch, taken, _ = loader._resume_point()
+    done = loader.progress()
     progress = f"batch {taken}" if done is None else f"{100 * done:.1f}%"
     now = f"{loader.ctx.world_size} ranks x {loader.num_workers} workers"
     saved = state["topology"]

@@ -52,6 +52,8 @@ class Program:
     gc_every_rank: Optional[int] = None
     keep_live_rank: Optional[int] = None  # keeps the step iterator reachable on that rank: saves are refused
     epochs: int = 3
+    query_rank: Optional[int] = None  # asks every query of both loaders, at many points, on that rank only
+    eval_top_every: int = 0  # an evaluation cut short (break) at the top of every Nth step, after its batch
 
     @property
     def refused(self) -> bool:
@@ -78,11 +80,14 @@ def draw(seed: int, world: int, refusal: bool = False) -> Program:
         seed=seed, n_a=n_a, bs_a=bs_a, drop_last=drop_last, n_b=rng.randint(world, 4 * world * 2),
         bs_b=rng.randint(1, 2), pattern=pattern, limit=limit, restart=restart, top_peek=rng.random() < 0.35,
         prologue_peek=rng.random() < 0.3, save_every=rng.randint(1, 3), save_offset=0,
-        save_after_loop=rng.random() < 0.5, post_eval=0 if restart == "count" else rng.choice([0, 0, 1, 2]),
+        save_after_loop=rng.random() < 0.5, post_eval=0 if restart != "own" else rng.choice([0, 0, 1, 2]),
         keep_exception_rank=rng.choice([None, *range(world)]), gc_off_rank=rng.choice([None, *range(world)]),
         gc_every_rank=rng.choice([None, *range(world)]),
     )
     program = replace(program, save_offset=rng.randrange(program.save_every))
+    asym = random.Random(seed * 31 + 7)  # drawn apart, so the fields above stay what they were for a seed
+    program = replace(program, query_rank=asym.choice([None, *range(world)]),
+                      eval_top_every=asym.choice([0, 0, 2, 3]) if pattern in ("for", "zip") else 0)
     return replace(program, keep_live_rank=rng.randrange(world), save_after_loop=True) if refusal else program
 
 
@@ -132,8 +137,10 @@ class Run:
         if p.gc_off_rank == rank:
             gc.disable()
         try:
+            self._query()
             if p.prologue_peek:
                 next(iter(self.a))
+            self._query()
             for epoch in self._epochs():
                 self._epoch_body(epoch)
             self.trace.append(("weights", [round(float(v), 12) for v in self.model.parameters()
@@ -156,25 +163,33 @@ class Run:
             ctr.epoch, ctr.in_epoch = epoch, 0
         if p.restart == "own":
             a.set_epoch(epoch)
+        self._query()
         if p.top_peek:
             next(iter(a))
+        self._query()
         if p.pattern == "steps":
             self._steps(epoch)
         elif p.pattern == "zip":
             for batch, other in zip(a, self.b):
+                self._query()
                 if self._truncated():
                     break
                 self._train(epoch, batch, other)
                 self._maybe_save()
         else:
             for batch in a:
+                self._query()
                 if self._truncated():
                     break
+                self._eval_at_top()
                 self._train(epoch, batch)
                 if p.pattern == "nested" and ctr.step % 2 == 0:
                     self._evaluate(2)
                 self._maybe_save()
-        if p.restart != "count":  # a loop that counts its epochs by steps skips this after a resume at the end
+        self._query()
+        # Only a loop that keeps its own epoch (and calls set_epoch with it) re-enters an epoch it saved at the
+        # last batch of; one that restarts from dl.epoch or counts steps starts the next (docs/lifecycle.md).
+        if p.restart == "own":
             if p.post_eval:
                 self._evaluate(p.post_eval)
             self.trace.append(("after", epoch))
@@ -196,6 +211,24 @@ class Run:
                     kept = exc
         if p.keep_live_rank == self.rank:
             KEPT.append(it)
+
+    def _query(self) -> None:
+        """On one rank only, every query of both loaders: a log line's reads must change nothing anywhere."""
+        if self.p.query_rank != self.rank:
+            return
+        for dl in (self.a, self.b):
+            _ = (dl.epoch, dl.batches_yielded, dl.phase, repr(dl), dl.state_dict(), len(dl), dl.progress(),
+                 dl.end_of_dataloader, dl.skipped_samples)
+
+    def _eval_at_top(self) -> None:
+        """An evaluation at the top of a step, after its training batch was drawn, cut short by ``break``."""
+        every = self.p.eval_top_every
+        if every and self.ctr.step % every == 0:
+            for i, batch in enumerate(self.b):
+                self._query()
+                self.trace.append(("top-eval", batch.tolist()))
+                if i >= 1:
+                    break
 
     def _truncated(self) -> bool:
         return self.p.limit is not None and self.ctr.in_epoch >= self.p.limit
@@ -225,6 +258,7 @@ class Run:
 
     def _evaluate(self, steps: int) -> None:
         for i, batch in enumerate(self.b):
+            self._query()
             self.trace.append(("eval", batch.tolist(), self.b.end_of_dataloader))
             if i + 1 >= steps:
                 break
@@ -261,6 +295,11 @@ def check(program: Program, accelerator: Any, root: Path, rank: int, picks: int 
     if program.refused:
         return ["a save with an iterator kept on one rank only was not refused"]
     found = []
+    if program.query_rank is not None:  # the queries change nothing: the same run without them, entry for entry
+        quiet = Run(replace(program, query_rank=None), accelerator, root / "quiet", rank)()
+        if quiet.trace != reference.trace:
+            found.append(_difference(f"the queries on rank {program.query_rank} changed the run", quiet.trace, 0,
+                                     reference.trace))
     chosen = rng.sample(reference.saves, min(picks, len(reference.saves)))
     for number, at, folder in chosen:
         resumed = Run(program, accelerator, root / f"resumed_{number}", rank, resume_from=folder)()

@@ -44,3 +44,4 @@ def test_the_generator_draws_every_loop_shape_and_restart():
     assert {p.restart for p in drawn} == {"epoch", "count", "own"}
     assert any(p.top_peek for p in drawn) and any(p.prologue_peek for p in drawn)
     assert any(p.limit is not None for p in drawn) and any(p.keep_exception_rank == 0 for p in drawn)
+    assert any(p.query_rank == 0 for p in drawn) and any(p.eval_top_every for p in drawn)

@@ -4,10 +4,11 @@ A checkpoint is sealed as complete only if every rank's loaders describe the sam
 ``save_state``, ``load_state`` and ``resume`` are collective, so every rank reaches them at the same
 point of its program; there each rank
 
-1. collects garbage where a loader still has a live pass, so an iterator that the program no longer reaches
-   but that a reference cycle kept (an exception held in a variable, say) is let go at the same point on
-   every rank, whatever the collector did before. Where no loader has one, a collection could change
-   nothing the verdicts read, and a full collection costs tens of milliseconds in a large program;
+1. collects garbage where a loader has an open pass (begun and not yet judged: a program-order fact, so every
+   rank collects or none does), so an iterator that the program no longer reaches but that a reference cycle
+   kept (an exception held in a variable, say) is let go at the same point on every rank, whatever the
+   collector did before. Where no loader has one, a collection could change nothing the verdicts read, and a
+   full collection costs tens of milliseconds in a large program;
 2. takes the verdict of every pass let go (``loaders._lifecycle``);
 3. gathers every rank's lifecycle digest (the epoch, the live pass, what was done on it and how many
    batches it handed out; not the rank's position in its own share, which may be uneven).
@@ -17,6 +18,7 @@ If the digests differ, every rank refuses, with each rank's point in words and t
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Sequence
 
 from ._checkpoints import agree
@@ -31,8 +33,10 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
     Args:
         call: The collective call being made, as the user wrote it (``accelerator.save_state()``), for messages.
     """
+    if any(loader._has_open_pass() for loader in loaders):  # a program-order fact: every rank collects, or none
+        gc.collect()
     for loader in loaders:
-        loader._has_live_pass()  # takes the pending verdict, and collects garbage while a pass is still live
+        loader._has_live_pass()  # takes the pending verdict
     digests = agree(ctx, lambda: [loader._digest() for loader in loaders])
     everyone = ctx.all_gather(digests)
     for index in range(len(loaders)):

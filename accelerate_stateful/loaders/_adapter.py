@@ -77,23 +77,18 @@ class DataLoaderAdapter(Stateful):
     def epoch(self) -> int:
         """The epoch of the batches the live pass hands out; between passes, the epoch the next pass reads.
 
-        After a resume from a checkpoint taken right after an epoch's last batch, this is that finished
-        epoch, and asking for it says the program re-enters it: the next pass is its empty rest, so the
-        code after the inner loop runs for it as in the uninterrupted run (``docs/lifecycle.md``).
+        A pure read, like every query of a loader (``phase``, ``batches_yielded``, ``len``, ``repr``,
+        ``state_dict()``): asking changes nothing, so a line that runs on one process only (a log line) can
+        never make the processes decide differently. After a resume from a checkpoint taken right after an
+        epoch's last batch this is the next epoch (``docs/lifecycle.md``).
         """
-        self._life.settle()
         live = self._life.live
         if live is not None and live.complete:
             return live.final[0]
-        boundary = self._life.boundary()
-        if boundary is not None and live is None:
-            self._life.enter_finished_epoch()
-            return boundary[0]
         return self._epoch
 
     @property
     def phase(self) -> Phase:
-        self._life.settle()
         return Phase.ITERATING if self._life.live is not None and self._life.live.begun else self._life.phase
 
     @property
@@ -112,15 +107,14 @@ class DataLoaderAdapter(Stateful):
         return self._resume_point()[1]
 
     def _resume_point(self) -> tuple[int, int, bool]:
-        """``(epoch, batches taken, between two epochs)`` as the loader reports them, committing nothing."""
-        self._life.settle()
+        """``(epoch, batches taken, between two epochs)`` as the loader reports them, committing nothing.
+
+        Between two epochs after a resume: the next epoch, none of its batches taken.
+        """
         live = self._life.live
         if live is not None and live.complete:
             return live.final[0], live.final[1], False
-        boundary = self._life.boundary()
-        if boundary is not None and live is None:
-            return boundary[0], boundary[1], True
-        return self._epoch, self._batches_taken(), False
+        return self._epoch, self._batches_taken(), self._life.boundary() is not None and live is None
 
     def progress(self) -> Optional[float]:
         """The part of the current epoch already taken, from 0 to 1; ``None`` for a stream without a length."""
@@ -205,8 +199,11 @@ class DataLoaderAdapter(Stateful):
         self._life.phase = Phase.RESTORED
 
     def state_dict(self) -> S.LoaderState:
-        """The complete position, valid in every lifecycle state (see the class docstring)."""
-        self._life.settle()
+        """The complete position, valid in every lifecycle state (see the class docstring).
+
+        A pure read: a pass the loop let go is judged at the loader's next event (``iter()``, ``set_epoch``,
+        ``accelerator.save_state()``/``load_state()``), never here; until then it is recorded as live.
+        """
         state = dict(self._life.pending.saved) if self._life.replaying() else self._raw_state()
         state[PASS] = self._life.entry()  # always present: a library that loads in place must find every key
         return state  # type: ignore[return-value]
@@ -354,6 +351,9 @@ class DataLoaderAdapter(Stateful):
 
     def _has_live_pass(self) -> bool:
         return self._life.is_live()
+
+    def _has_open_pass(self) -> bool:
+        return self._life.has_open_pass()
 
     def _anchor(self) -> None:
         """The program starts here (a resume that found nothing): count its warm-up passes anew."""

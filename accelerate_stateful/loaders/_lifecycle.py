@@ -10,9 +10,11 @@ The rules, each held here by construction:
 - **A pass dropped before its epoch's end** (``break``, an exception, the longer loader of a ``zip``, a
   peek, the next ``iter()``) ends its epoch if the model was trained while it was current
   (``training._training``), and is undone otherwise: the loader goes back to where the pass began.
-- **Verdicts follow program order.** Letting an iterator go only flags its pass (``_passes``); the verdict
-  is taken at the loader's next call, on the calling thread. ``save_state``/``load_state`` collect garbage
-  and take every pending verdict at the same point on every rank.
+- **Queries read; events decide.** Letting an iterator go only flags its pass (``_passes``); the verdict is
+  taken at the loader's next *event* (a new ``iter()``, ``set_epoch``/``seek``, ``load_state_dict``, an
+  explicit ``close()``), on the calling thread, and never by a query (``epoch``, ``phase``, ``state_dict()``...),
+  which a program may make on one process only. ``save_state``/``load_state`` collect garbage where a pass is
+  open (a program-order fact) and take every pending verdict at the same point on every rank.
 - **What a pass has done is in the state.** A pass live at a save is recorded with where it began, whether
   it was trained, and how many untrained passes the program made before it (``peeks``). After a resume,
   the first ``peeks`` passes that are dropped untrained are re-runs of those (a warm-up peek, a shape
@@ -82,16 +84,24 @@ class Lifecycle:
         return state
 
     # ----------------------------------------------------------------- queries
+    def has_open_pass(self) -> bool:
+        """Whether a pass is open: begun and not yet judged. A program-order fact, the same on every rank.
+
+        A pass the loop let go stays open until the loader's next event (``iter()``, ``set_epoch``, a
+        checkpoint's save or load): nothing before then depends on when its iterator was freed.
+        """
+        return self.live is not None
+
     def is_live(self) -> bool:
         """Whether the program still reaches an iterator of this loader's pass that has not ended.
 
-        Reachable, not merely not yet collected: an iterator only a reference cycle keeps (an exception
-        kept in a variable) is collected first, so the answer is the same on every rank.
+        Reachable, not merely not yet collected: while a pass is open (a program-order fact, so every rank
+        collects at the same point) garbage is collected first, so an iterator only a reference cycle keeps
+        (an exception kept in a variable) is let go, and the answer is the same on every rank.
         """
-        self.settle()
         if self.live is not None:
             gc.collect()
-            self.settle()
+        self.settle()
         return self.live is not None
 
     def anchor(self) -> None:
@@ -103,11 +113,11 @@ class Lifecycle:
         """After a resume between two epochs: ``(finished epoch, its batches)`` until the program moves on.
 
         A checkpoint taken after an epoch's last batch (inside the loop) resumes between that epoch and the
-        next. The program re-enters the finished epoch, and its next pass is that epoch's empty rest (so the
-        code after its inner loop runs as in the uninterrupted run), when it asks ``dl.epoch`` (which answers
-        the finished epoch), calls ``set_epoch`` with it, or continues another loader's pass that was
-        interrupted mid-epoch (the partner of a ``zip``) before this pass's first batch. Otherwise (it counts
-        epochs itself, as ``step // len(dl)``) its next pass reads the next epoch.
+        next. The loader reports the next epoch (a pure read), and its next pass reads it, unless an event
+        says the program re-enters the finished epoch: ``set_epoch`` with it (a loop that keeps its own epoch
+        counter), or the continuation of another loader's pass that was interrupted mid-epoch (the partner of
+        a ``zip``) before this pass's first batch. The pass is then that epoch's empty rest, so the code after
+        the inner loop runs as in the uninterrupted run.
         """
         pending = self.pending
         if pending is None or not pending.complete:
@@ -120,7 +130,7 @@ class Lifecycle:
         return taken if taken is not None else self._loader._all_taken()
 
     def enter_finished_epoch(self) -> None:
-        """The program said it is in the finished epoch (see :meth:`boundary`)."""
+        """``set_epoch(finished epoch)``: the program re-enters the finished epoch (see :meth:`boundary`)."""
         if self.boundary() is not None:
             self._in_finished_epoch = True
 

@@ -144,11 +144,15 @@ class PassHandle:
         return batch
 
     def close(self) -> None:
-        """Stop this pass's reading now (its workers end); the loader judges the pass."""
+        """End this pass now, an event of the program: its reading stops (its workers end) and the loader
+        takes its verdict (``with contextlib.closing(iter(dl)) as it:`` ends an evaluation cut short at once)."""
         batches, self._batches = self._batches, None
         if batches is not None and hasattr(batches, "close"):
             batches.close()
         self._record.dropped = True
+        life = self._loader._life
+        if life.live is self._record:
+            life.settle()
 
     def __del__(self) -> None:
         # Only a flag: this may run in any thread, at any moment, or while the interpreter shuts down.

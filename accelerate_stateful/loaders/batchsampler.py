@@ -107,7 +107,11 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         self._origin = 0
         self._steps = 0
         self._cache: tuple[Any, Any] = (None, None)
-        self._checked = False  # the first epoch is drawn twice: an order that differs cannot be resumed
+        # The first epoch is drawn twice, here at construction (``prepare``, which every process reaches): an
+        # order that differs cannot be resumed, and every process refuses it at the same point, never at the
+        # first ``len(dl)`` that one process alone may make.
+        self._checked = False
+        self._epoch_batches()
 
     @classmethod
     def from_dataloader(
