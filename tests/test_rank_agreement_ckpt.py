@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator, CheckpointError
 from accelerate_stateful.checkpoint import _files
-from accelerate_stateful.integrations import _trainer_checkpoints
+from accelerate_stateful.checkpoint import _ownership
+from accelerate_stateful.integrations.transformers import StatefulTrainerMixin
 from cli_run import run_cli
 import mp_harness
 
@@ -78,15 +80,15 @@ def test_a_save_into_a_sealed_folder_that_ends_is_sealed_again_and_loads(tmp_pat
 def test_the_trainer_clean_up_keeps_a_complete_checkpoint_and_removes_an_unfinished_one(tmp_path):
     complete, unfinished = tmp_path / "checkpoint-4", tmp_path / "checkpoint-6"
     for folder in (complete, unfinished):
-        (folder / _files.SUBDIR).mkdir(parents=True)
+        _ownership.write_marker(folder)
         (folder / "model.safetensors").write_bytes(b"weights")
     _files.write_manifest(complete, world_size=1, num_loaders=0)
-    from accelerate_stateful._context import DistContext
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None))
 
-    _trainer_checkpoints.clear_leftover(DistContext(), complete)
-    _trainer_checkpoints.clear_leftover(DistContext(), unfinished)
+    StatefulTrainerMixin._clear_leftover(trainer, complete)
+    StatefulTrainerMixin._clear_leftover(trainer, unfinished)
     assert (complete / "model.safetensors").read_bytes() == b"weights" and not _files.has_manifest(complete)
-    assert not (unfinished / "model.safetensors").exists()
+    assert not (unfinished / "model.safetensors").exists() and _ownership.marker(unfinished).is_file()
 
 
 # --------------------------------------------------------------------------- items 8-10: two real processes
