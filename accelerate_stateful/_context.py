@@ -39,11 +39,31 @@ class DistContext:
 
     @classmethod
     def detect(cls) -> "DistContext":
-        """The context of this process, as Accelerate sees it."""
+        """The context of this process: ``torch.distributed``'s where a process group is initialised (the
+        processes that really run together), else Accelerate's.
+
+        Raises:
+            UnsupportedConfigError: Accelerate already counts the processes otherwise than the process group
+                (e.g. torchrun on CPU without ``ACCELERATE_USE_CPU=1``: every process thinks it runs alone).
+        """
         from accelerate.state import PartialState
 
-        state = PartialState()
-        return cls(rank=state.process_index, world_size=state.num_processes)
+        if not (dist.is_available() and dist.is_initialized()):
+            state = PartialState()
+            return cls(rank=state.process_index, world_size=state.num_processes)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        if PartialState._shared_state:  # Accelerate has decided already; never decide for it here
+            state = PartialState()
+            # The world sizes are the same on every rank, so every rank refuses, or none does.
+            if state.num_processes != world_size:
+                raise UnsupportedConfigError(
+                    f"Accelerate sees this process as rank {state.process_index} of {state.num_processes} "
+                    f"({state.distributed_type}), but torch.distributed's process group has it as rank {rank} of "
+                    f"{world_size}: data would not be split and every rank would save as rank 0; launch with "
+                    "`accelerate launch`, or on CPU under torchrun set ACCELERATE_USE_CPU=1 (or pass "
+                    "Accelerator(cpu=True))"
+                )
+        return cls(rank=rank, world_size=world_size)
 
     @property
     def is_main(self) -> bool:

@@ -10,6 +10,9 @@ The rules, each held here by construction:
 - **A failure anywhere is a failure everywhere.** A step that can fail on one rank runs under
   :func:`agree`, which raises the same error on every rank, so no rank waits in a collective for one
   that gave up, and every rank makes the same collectives afterwards.
+- **A folder is unsealed before it changes.** A save into a folder that holds a complete checkpoint
+  removes its manifest first, and every rank waits for that before writing, so a save killed there
+  leaves an incomplete folder, never one sealed for the earlier save over the later one's files.
 - **Every folder is sealed.** Each folder a process saved into gets a manifest of its own, written
   by one process of that folder after every rank finished: the main process for the folder it
   shares, and the lowest rank of each folder the main process cannot see (node-local disks, a
@@ -248,13 +251,21 @@ def clear_unfinished(ctx: DistContext, folder: Path) -> None:
 
 
 def mark(ctx: DistContext, folder: Path) -> None:
-    """Write this package's marker into ``folder`` before anything else, in every folder the ranks save into:
-    the main process's, then, for a folder it cannot see, the lowest rank that sees it."""
-    agree(ctx, lambda: _ownership.write_marker(folder) if ctx.is_main else None)
-    seen = ctx.all_gather((_ownership.marker(folder).is_file(), socket.gethostname(), os.path.realpath(folder)))
+    """Write this package's marker into ``folder`` and unseal it (an earlier save's manifest removed) before
+    anything else, in every folder the ranks save into: the main process's, then, for a folder it cannot see,
+    the lowest rank that sees it. Every rank writes only after ``agree`` has heard from each of them."""
+    agree(ctx, lambda: _claim(folder) if ctx.is_main else None)
+    claimed = _ownership.marker(folder).is_file() and not _files.has_manifest(folder)
+    seen = ctx.all_gather((claimed, socket.gethostname(), os.path.realpath(folder)))
     mine = seen[ctx.rank]
     first = next(r for r, s in enumerate(seen) if s == mine)
-    agree(ctx, lambda: _ownership.write_marker(folder) if not mine[0] and first == ctx.rank else None)
+    agree(ctx, lambda: _claim(folder) if not mine[0] and first == ctx.rank else None)
+
+
+def _claim(folder: Path) -> None:
+    _ownership.write_marker(folder)
+    if _files.unseal(folder):
+        logger.warning("overwriting the checkpoint %s: it counts as incomplete until this save ends", folder)
 
 
 def _remove(folder: Path) -> None:

@@ -409,6 +409,21 @@ def is_complete(checkpoint: Path) -> bool:
     return True
 
 
+def unseal(checkpoint: Path) -> bool:
+    """Remove ``checkpoint``'s manifest, durably, before a save writes into it again; whether it had one.
+
+    Until then the folder would pass for the earlier save while it holds the new one's first files: a save
+    killed there would be resumed with parts of two saves.
+    """
+    path = Path(checkpoint) / SUBDIR / MANIFEST
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    _fsync_dir(path.parent)
+    return True
+
+
 def has_manifest(checkpoint: Path) -> bool:
     """Whether a save of ``checkpoint`` got as far as its manifest (one stat; nothing is verified)."""
     return _size(Path(checkpoint) / SUBDIR / MANIFEST) is not None

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from . import _files
 from . import _in_step
+from ._checkpoints import agree
 from ..loaders._adapter import DataLoaderAdapter
 from ._versions import refuse_unknown_version
 from ..errors import CheckpointError, Mismatch, StateMismatchError, StateSerializationError
@@ -111,24 +112,40 @@ class LoaderCheckpoint(Stateful):
         ``dcp.save``/``dcp.load`` call it on every rank: there every rank's loaders must be at the same point
         (``_in_step``), or every rank refuses.
         """
-        _in_step.settle(self._loaders[0].ctx, self._loaders, "dcp.save/dcp.load of LoaderCheckpoint")
+        ctx = self._loaders[0].ctx
+        _in_step.settle(ctx, self._loaders, "dcp.save/dcp.load of LoaderCheckpoint")
         self._nonce = os.urandom(8)
-        buffers = {
+        # A state too large on one rank is refused on every rank, so none goes on into DCP's collectives alone.
+        buffers = agree(ctx, lambda: {
             f"loader_{i}": self._pack(i, loader.state_dict()) for i, loader in enumerate(self._loaders)
-        }
+        })
         return {self._rank_key: buffers}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Check every buffer, then restore every loader; refuses anything partial, foreign or damaged."""
+        """Check every buffer, then restore every loader; refuses anything partial, foreign or damaged.
+
+        Call it on every rank (``dcp.load`` does): a refusal on one rank raises the same error on every rank,
+        naming the rank and why, as ``accelerator.load_state()`` does.
+        """
+        ctx = self._loaders[0].ctx
+        states = agree(ctx, lambda: self._checked_states(state_dict))
+        _in_step.refuse_live(ctx, self._loaders, "LoaderCheckpoint.load_state_dict()")
+
+        def restore() -> None:
+            for loader, state in zip(self._loaders, states):
+                loader.load_state_dict(state)
+
+        agree(ctx, restore)
+
+    def _checked_states(self, state_dict: Mapping[str, Any]) -> list[Any]:
+        """Every loader's state from this rank's buffers, each validated against its loader."""
         buffers = self._check_structure(state_dict)
         states = []
         for i, loader in enumerate(self._loaders):
             state = self._unpack(i, buffers[f"loader_{i}"])
             loader.validate_state(state, source=self._where(i))
             states.append(state)
-        _in_step.refuse_live(self._loaders[0].ctx, self._loaders, "LoaderCheckpoint.load_state_dict()")
-        for loader, state in zip(self._loaders, states):
-            loader.load_state_dict(state)
+        return states
 
     # ----------------------------------------------------------------- encoding
     @property

@@ -1,11 +1,14 @@
-"""``checkpoint-N`` folders of a Trainer run: which are complete, the newest one, and rotation after a save.
+"""``checkpoint-N`` folders of a Trainer run: which are complete, the newest one, the clean-up before a save and
+rotation after it.
 
 A ``checkpoint-N`` is complete when its manifest (``accelerate_stateful/MANIFEST.json``, written last, after
-every rank's files) is valid and every file it lists has its recorded size.
+every rank's files) is valid and every file it lists has its recorded size. The clean-up and the rotation change
+files on one process, inside ``_checkpoints.agree``: an error there raises, with its cause, on every rank.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -13,8 +16,12 @@ from typing import Optional, Union
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .._context import DistContext
+from ..checkpoint import _checkpoints
 from ..checkpoint import _files
 from ..checkpoint import _ownership
+
+logger = logging.getLogger(__name__)
 
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -53,3 +60,25 @@ def rotate(run_dir: Path, keep: Optional[int], best: Optional[str]) -> None:
         step = checkpoint_step(path)
         if path.is_dir() and step is not None and step < oldest_kept and path not in kept and _ownership.is_ours(path):
             shutil.rmtree(path)
+
+
+def clear_leftover(ctx: DistContext, folder: Path) -> None:
+    """Make ``folder`` ready for a save of its step on every rank: refused if this package did not write it;
+    removed if a killed save left it incomplete; a complete checkpoint is kept and unsealed (its files are then
+    replaced in place), so it counts as incomplete from the first byte the new save changes."""
+    _checkpoints.agree(ctx, lambda: _ownership.refuse_foreign(folder, "save into"))
+
+    def remove_unfinished() -> None:
+        if ctx.is_main and folder.exists() and not _files.is_complete(folder):
+            logger.warning("removing the unfinished checkpoint %s before saving this step there", folder)
+            shutil.rmtree(folder)
+
+    _checkpoints.agree(ctx, remove_unfinished)
+    _checkpoints.mark(ctx, folder)
+
+
+def rotate_after_save(ctx: DistContext, run_dir: Path, keep: Optional[int], best: Optional[str],
+                      rotates: bool) -> None:
+    """:func:`rotate` on the process that ``rotates`` (the main process, where it saves), once the new checkpoint
+    is sealed; an error there raises on every rank."""
+    _checkpoints.agree(ctx, lambda: rotate(run_dir, keep, best) if rotates else None)

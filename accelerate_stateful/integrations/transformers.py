@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import shutil
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -36,9 +35,8 @@ from ..training import _preemption
 from ..checkpoint import _resume
 from ..loaders._adapter import DataLoaderAdapter
 from .._context import DistContext
-from ._trainer_checkpoints import checkpoint_step, latest_trainer_checkpoint, rotate
+from ._trainer_checkpoints import checkpoint_step, clear_leftover, latest_trainer_checkpoint, rotate_after_save
 from . import _trainer_stock
-from ..checkpoint import _ownership
 from ._trainer_compat import SUPPORTED_TRANSFORMERS, check_transformers, hf_trainer, swapped
 from ..accelerator import Accelerator
 from ..errors import StatefulLoaderError, UnsupportedConfigError
@@ -196,9 +194,8 @@ class StatefulTrainerMixin:
         entries = _checkpoints.agree(ctx, lambda: _files.write_encoded(folder, 0, ctx.rank, contents))
         # Sealed like Accelerator.save_state: a manifest in every folder the ranks saved into, written last.
         _checkpoints.seal(ctx, folder, num_loaders=1, entries=entries)
-        if self.accelerator.is_main_process and self.args.should_save:
-            rotate(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
-        self.accelerator.wait_for_everyone()
+        rotate_after_save(ctx, run_dir, self.args.save_total_limit, self.state.best_model_checkpoint,
+                          rotates=self.accelerator.is_main_process and self.args.should_save)
 
     # ----------------------------------------------------------------- internals
     def _checkpoint_to_resume(self, resume_from_checkpoint: Union[str, bool, None]) -> Optional[Path]:
@@ -267,16 +264,9 @@ class StatefulTrainerMixin:
         return dataloader
 
     def _clear_leftover(self, folder: Path) -> None:
-        """Remove what a killed save left at ``folder`` (or a checkpoint this run is about to supersede), then
-        mark it as this package's; a folder this package did not write is refused, never removed."""
-        ctx = DistContext.detect()
-        _checkpoints.agree(ctx, lambda: _ownership.refuse_foreign(folder, "save into"))
-        if self.accelerator.is_main_process and folder.exists():
-            state = "complete" if _files.is_complete(folder) else "unfinished"
-            logger.warning("removing the %s checkpoint %s before saving this step there", state, folder)
-            shutil.rmtree(folder)
-        self.accelerator.wait_for_everyone()
-        _checkpoints.mark(ctx, folder)
+        """Remove what a killed save left at ``folder``, unseal a complete checkpoint there, and mark it as this
+        package's; a folder this package did not write is refused, never removed (``clear_leftover``)."""
+        clear_leftover(DistContext.detect(), folder)
 
 
 def _no_rotation(*args: Any, **kwargs: Any) -> None:
