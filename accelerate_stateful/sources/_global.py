@@ -246,6 +246,18 @@ class GlobalStream(IterableDataset):
         """
         return positions, []
 
+    def settings(self) -> dict[str, Any]:
+        """Hook: what defines this sequence besides its children (weights, sizes, seeds), as plain values.
+
+        Every process must hold the same: the loader compares them across processes when a checkpoint is taken
+        or loaded (``DataLoaderAdapter._data_digest``). A parent also lists its children in :meth:`children`.
+        """
+        return {}
+
+    def children(self) -> dict[str, Any]:
+        """Hook: the sources this one reads, by name (none by default)."""
+        return {}
+
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict:
         live = self.__dict__.get("_live")
@@ -322,3 +334,15 @@ def agree_states(dataset: Any, states: list) -> tuple[list, list[str]]:
         for state, position in zip(states, agreed)
     ]
     return found, lines
+
+
+def data_settings(dataset: Any, named: str = "") -> list[tuple[str, str, Any]]:
+    """``(where, setting, value)`` for every setting of ``dataset`` and the sources below it that defines the data
+    (:meth:`GlobalStream.settings`); nothing for a dataset that is not a composable source."""
+    if not isinstance(dataset, GlobalStream):
+        return []
+    where = named or type(dataset).__name__
+    found = [(where, key, value) for key, value in sorted(dataset.settings().items())]
+    for name, child in dataset.children().items():
+        found += data_settings(child, f"{where}'s {name} ({type(child).__name__})")
+    return found

@@ -109,6 +109,13 @@ class Mixture(GlobalStream):
         self._weights = check_weights(weights, self.names, "Mixture.set_weights")
 
     # ------------------------------------------------------------------ GlobalStream
+    def settings(self) -> dict[str, Any]:
+        return {"weights": show_weights(self._weights), "seed": self.seed, "on_exhausted": self.on_exhausted,
+                "samples_per_epoch": self.samples_per_epoch}
+
+    def children(self) -> dict[str, Any]:
+        return {f"source '{name}'": self.sources[name] for name in self.names}
+
     def open(self, position: Optional[Any], epoch: int) -> "_Cursor":
         if position is None:
             return _Cursor(self, start_position(self.names, self._weights), epoch)

@@ -86,6 +86,12 @@ class Packed(GlobalStream):
         check_source(source, "Packed's source")
         self.source, self.seq_len, self.key, self.last, self.pad_id = source, seq_len, key, last, pad_id
 
+    def settings(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "key": self.key, "last": self.last, "pad_id": self.pad_id}
+
+    def children(self) -> dict[str, Any]:
+        return {"source": self.source}
+
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         if position is None:
             return _PackCursor(self, open_source(self.source, None, epoch), [])

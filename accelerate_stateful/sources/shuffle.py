@@ -91,6 +91,12 @@ class Shuffled(GlobalStream):
         check_source(source, "Shuffled's source")
         self.source, self.buffer_size, self.seed = source, buffer_size, seed
 
+    def settings(self) -> dict[str, Any]:
+        return {"buffer_size": self.buffer_size, "seed": self.seed}
+
+    def children(self) -> dict[str, Any]:
+        return {"source": self.source}
+
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
 
