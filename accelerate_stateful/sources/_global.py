@@ -258,6 +258,14 @@ class GlobalStream(IterableDataset):
         """Hook: the sources this one reads, by name (none by default)."""
         return {}
 
+    def check_position(self, position: Any) -> None:
+        """Hook: raise :class:`CheckpointError` (naming this source and the fix) unless this source can continue
+        from ``position``, a position of :meth:`open` (not ``None``); changes nothing.
+
+        :meth:`load_state_dict` calls it before anything changes, so a damaged or foreign position is refused in
+        one place per source, at the load; a parent checks its children's positions with :func:`check_child`.
+        """
+
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict:
         live = self.__dict__.get("_live")
@@ -276,6 +284,8 @@ class GlobalStream(IterableDataset):
                 f"the saved position of a {type(self).__name__} is not one it wrote (got {str(state)[:200]}); "
                 "resume from a checkpoint written with this source, or start the run without loading"
             )
+        if state["position"] is not None:
+            self.check_position(state["position"])
         self._start = copy.deepcopy(state)
         self._live = None
 
@@ -316,7 +326,7 @@ def _well_formed(state: Any) -> bool:
     """A state :meth:`GlobalStream.state_dict` writes: the next index, a position, maybe the ranges left out."""
     if not isinstance(state, dict) or not {"index", "position"} <= set(state) <= {"index", "position", "skip"}:
         return False
-    if not isinstance(state["index"], int) or isinstance(state["index"], bool):
+    if not isinstance(state["index"], int) or isinstance(state["index"], bool) or state["index"] < 0:
         return False
     skip = state.get("skip", [])
     return isinstance(skip, list) and all(
@@ -346,3 +356,10 @@ def data_settings(dataset: Any, named: str = "") -> list[tuple[str, str, Any]]:
     for name, child in dataset.children().items():
         found += data_settings(child, f"{where}'s {name} ({type(child).__name__})")
     return found
+
+
+def check_child(source: Any, position: Any) -> None:
+    """:meth:`GlobalStream.check_position` of a child source's saved position (other sources check their own
+    when opened)."""
+    if isinstance(source, GlobalStream) and position is not None:
+        source.check_position(position)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import CheckpointError, UnsupportedConfigError
-from ._global import Cursor, GlobalStream, check_source, open_source, plain_copy
+from ._global import Cursor, GlobalStream, check_child, check_source, open_source, plain_copy
 
 _BLOCK = 1024  # draws made at a time; draw t is block t // _BLOCK, element t % _BLOCK
 _POSITION_KEYS = {"from", "from_read", "read", "slots", "draws", "ended"}
@@ -96,6 +96,9 @@ class Shuffled(GlobalStream):
 
     def children(self) -> dict[str, Any]:
         return {"source": self.source}
+
+    def check_position(self, position: Any) -> None:
+        check_child(self.source, _checked(position, self.buffer_size)["from"])
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
@@ -209,7 +212,8 @@ def _checked(position: Optional[Any], size: int) -> Optional[dict]:
         return None
     if (isinstance(position, dict) and set(position) == _POSITION_KEYS
             and isinstance(position["slots"], (list, tuple)) and len(position["slots"]) <= size
-            and all(isinstance(position[key], int) for key in ("from_read", "read", "draws"))):
+            and all(isinstance(position[key], int) and not isinstance(position[key], bool) and position[key] >= 0
+                    for key in ("from_read", "read", "draws"))):
         return position
     raise CheckpointError(
         f"the saved position of a Shuffled source is not one it wrote with buffer_size={size} (got "
