@@ -361,5 +361,14 @@ def data_settings(dataset: Any, named: str = "") -> list[tuple[str, str, Any]]:
 def check_child(source: Any, position: Any) -> None:
     """:meth:`GlobalStream.check_position` of a child source's saved position (other sources check their own
     when opened)."""
-    if isinstance(source, GlobalStream) and position is not None:
+    if position is None:
+        return
+    if isinstance(source, GlobalStream):
         source.check_position(position)
+    elif check_source(source) == "index" and (isinstance(position, bool) or not isinstance(position, int)
+                                             or not 0 <= position <= len(source)):
+        raise CheckpointError(
+            f"the saved position of a {type(source).__name__} of {len(source)} items read in index order is "
+            f"{position!r}, not an index from 0 to {len(source)}; resume from a checkpoint written with this data, "
+            "or start the run without loading"
+        )

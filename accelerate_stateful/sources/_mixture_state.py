@@ -64,6 +64,8 @@ def _well_formed(position: Mapping[str, Any]) -> bool:
     if not all(isinstance(position[key], Mapping) for key in _COUNTS + ("sources",)):
         return False
     names = set(position["sources"])
+    if any(not set(weights) <= names for _, weights in schedule):  # (a source added later is in later entries only)
+        return False
     counts_ok = all(set(position[key]) == names and all(map(_count, position[key].values())) for key in _COUNTS)
     return counts_ok and _count(position["next"])
 

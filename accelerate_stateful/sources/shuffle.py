@@ -212,6 +212,8 @@ def _checked(position: Optional[Any], size: int) -> Optional[dict]:
         return None
     if (isinstance(position, dict) and set(position) == _POSITION_KEYS
             and isinstance(position["slots"], (list, tuple)) and len(position["slots"]) <= size
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in position["slots"])
+            and isinstance(position["ended"], bool)
             and all(isinstance(position[key], int) and not isinstance(position[key], bool) and position[key] >= 0
                     for key in ("from_read", "read", "draws"))):
         return position
