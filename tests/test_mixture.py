@@ -244,13 +244,11 @@ def test_bad_sources_settings_and_states_are_refused_in_the_users_terms():
     list(itertools.islice(iter(mix), 5))
     state = mix.state_dict()
     fewer = Mixture({"a": list(range(40)), "c": list(range(60))}, {"a": 1, "c": 1})
-    fewer.load_state_dict(state)
     with pytest.raises(CheckpointError, match=r"source\(s\) \['b'\], which this Mixture does not have.*weight 0"):
-        list(fewer)
+        fewer.load_state_dict(state)  # refused at the load, before anything changes
     damaged = mixture()
-    damaged.load_state_dict({"index": 5, "position": {"next": 5}})
     with pytest.raises(CheckpointError, match="not one it wrote"):
-        list(damaged)
+        damaged.load_state_dict({"index": 5, "position": {"next": 5}})
 
 
 def test_a_source_added_at_a_resume_starts_at_its_beginning_from_the_switch_point():

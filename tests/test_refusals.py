@@ -124,6 +124,7 @@ def test_ranks_saved_out_of_step_are_refused_on_another_world_size_in_words():
             next(it)
         states.append(loader.state_dict())
     target = ShardDataLoader.from_dataloader(loaders_of([SIZES[0]])[0], DistContext(0, 3))
-    with pytest.raises(CheckpointError, match=r"different points of the data when it was saved \(rank 0: epoch 0, 8 "
-                                              r"samples taken by all processes; rank 1: epoch 0, 16 samples.*same number"):
+    with pytest.raises(CheckpointError, match=r"different points of the data when it was saved \(the samples taken in "
+                                              r"the epoch differs: rank 0 at epoch 0, 8 samples taken by all "
+                                              r"processes; rank 1 at epoch 0, 16 samples.*same number"):
         target.merge_rank_states(states)

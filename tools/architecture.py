@@ -57,6 +57,10 @@ NOT_DRAWN: dict[str, str] = {
     "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",
     "loaders/_passes.py": "a pass: the iterator the loop holds, the record the loader judges it by; " + _PLUMBING,
     "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
+    "loaders/_broadcast.py": "the dispatcher's one broadcast per step (a batch, the end, or the reader's error); "
+                             "part of dispatch.py",
+    "checkpoint/_compare.py": "what every process must share at a save, compared with the elastic merge's own "
+                              "function; part of _in_step.py",
     "loaders/_forking.py": "warns where the interpreter cannot fork workers safely (CPython gh-112275)",
     "loaders/_channels.py": "stream workers' side channel for their snapshots; " + _PLUMBING,
     "loaders/_untracked.py": "which loaders are left to Accelerate's own prepare, with a warning; " + _PLUMBING,

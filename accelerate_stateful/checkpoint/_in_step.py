@@ -11,9 +11,11 @@ point of its program; there each rank
    full collection costs tens of milliseconds in a large program;
 2. takes the verdict of every pass let go (``loaders._lifecycle``);
 3. gathers every rank's lifecycle digest (the epoch, the live pass, what was done on it and how many
-   batches it handed out; not the rank's position in its own share, which may be uneven).
+   batches it handed out; not the rank's position in its own share, which may be uneven), what defines each
+   loader's data (``_compare.data_digest``: seed, settings, a Mixture's weights), and the shared point the
+   elastic merge compares (``_compare.shared_point``, with the merge's own function).
 
-If the digests differ, every rank refuses, with each rank's point in words and the fix.
+If they differ, every rank refuses, with what differs on each rank in words and the fix.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any, Sequence
 
 from ._checkpoints import agree
 from .._context import DistContext
-from ..errors import LifecycleError
+from ._compare import data_refusal, first_difference, shared_point
+from ..errors import LifecycleError, UnsupportedConfigError
 
 
 def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
@@ -37,10 +40,14 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
         gc.collect()
     for loader in loaders:
         loader._has_live_pass()  # takes the pending verdict
-    digests = agree(ctx, lambda: [loader._digest() for loader in loaders])
+    digests = agree(ctx, lambda: [(loader._digest(), loader._data_digest(), shared_point(loader.state_dict()))
+                                  for loader in loaders])
     everyone = ctx.all_gather(digests)
     for index in range(len(loaders)):
-        seen = [rank_digests[index] for rank_digests in everyone]
+        refusal = data_refusal([rank_digests[index][1] for rank_digests in everyone], call, index)
+        if refusal is not None:
+            raise UnsupportedConfigError(refusal)
+        seen = [rank_digests[index][0] for rank_digests in everyone]
         if any(key != seen[0][0] for key, _ in seen[1:]):
             points = "; ".join(f"rank {rank}: {_in_words(point)}" for rank, (_, point) in enumerate(seen))
             raise LifecycleError(
@@ -49,6 +56,15 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
                 "a list, or an exception kept in a variable) or trains on other batches; let the iterator go on "
                 f"every process (or keep it on every process) before {call}, so that every process's loop is at "
                 "the same point"
+            )
+        differs = first_difference([rank_digests[index][2] for rank_digests in everyone])
+        if differs is not None:  # what the elastic merge would refuse (``_compare``), refused here with the cause
+            rank, what = differs
+            raise LifecycleError(
+                f"{call} refused: loader {index} is at different points on the processes ({what} differs between "
+                f"rank 0 and rank {rank}), so a checkpoint of it could not be resumed on another number of processes. "
+                "This happens when one process alone reads the loader and trains on it, or sets its epoch; make the "
+                f"same calls on the loader on every process before {call}"
             )
 
 

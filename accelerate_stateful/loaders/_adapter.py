@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import DataLoader
 
 from ..checkpoint import _state as S
-from ..checkpoint import _refusals
+from ..checkpoint import _compare, _refusals
 from .._context import DistContext
 from ._lifecycle import PASS, Lifecycle, check_entry
 from ._passes import PassHandle, Phase
@@ -271,16 +271,16 @@ class DataLoaderAdapter(Stateful):
         By default the main process's, once every rank is known to agree on the epoch, the position and
         the pass that was live; a live pass's starting point is merged the same way.
         """
-        for rank, state in enumerate(states[1:], start=1):
-            for key in (S.EPOCH, S.SAMPLES_CONSUMED, S.STRIPE_ORIGIN, PASS):
-                if _comparable(state, key) != _comparable(states[0], key):
-                    raise CheckpointError(
-                        f"cannot resume on another number of processes: the processes were at different points of "
-                        f"the data when it was saved (rank 0: {_refusals.where(states[0])}; rank {rank}: "
-                        f"{_refusals.where(state)}), so no single position can be re-dealt to the new processes; "
-                        "resume it on the same number of processes, or from a checkpoint saved while the "
-                        "processes were in step"
-                    )
+        differs = _compare.first_difference([_compare.shared_point(state) for state in states])
+        if differs is not None:
+            rank, what = differs
+            raise CheckpointError(
+                f"cannot resume on another number of processes: the processes were at different points of the "
+                f"data when it was saved ({what} differs: rank 0 at {_refusals.where(states[0])}; rank {rank} at "
+                f"{_refusals.where(states[rank])}), so no single position can be re-dealt to the new processes; "
+                "resume it on the same number of processes, or from a checkpoint saved while the processes were in "
+                "step"
+            )
         entry = states[0].get(PASS) if isinstance(states[0], Mapping) else None
         if not isinstance(entry, Mapping) or not isinstance(entry.get("origin"), Mapping) or \
                 entry["origin"].get("mark") is None:
@@ -348,6 +348,11 @@ class DataLoaderAdapter(Stateful):
         key, point = self._life.digest()
         skips = tuple(map(tuple, self._left_out()))
         return (key, skips), point + (skips,)
+
+    def _data_digest(self) -> list[tuple[str, Any, str]]:
+        """What defines this loader's data, ``(what, value, fix)``: compared across processes with the digest
+        when a checkpoint is taken or loaded (``checkpoint._in_step``, ``checkpoint._compare``)."""
+        return _compare.data_digest(self)
 
     def _has_live_pass(self) -> bool:
         return self._life.is_live()
@@ -509,12 +514,3 @@ class DataLoaderAdapter(Stateful):
                 f"cannot skip {num_batches} batches: epoch {self._epoch} has {len(self)} batches on this rank"
             )
 
-
-def _comparable(state: Any, key: str) -> Any:
-    """``state[key]``, with a live pass's starting point reduced to what every rank must share."""
-    value = state.get(key) if isinstance(state, Mapping) else None
-    if key == PASS and isinstance(value, Mapping) and isinstance(value.get("origin"), Mapping):
-        origin = value["origin"]
-        return (value.get("trained"), value.get("peeks"), origin.get("epoch"), origin.get("phase"),
-                origin.get("taken"), origin.get("mark") is None)
-    return value

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..checkpoint import _state as S
 from ._adapter import DataLoaderAdapter
+from ._broadcast import broadcast_step
 from .._context import DistContext
 from ..errors import UnsupportedConfigError
 from ..position import _skips
@@ -102,7 +103,7 @@ class DispatchDataLoader(DataLoaderAdapter):
             reader = BatchSamplerDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         else:
             reader = ShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
-        if ctx.world_size > 1 and reader.seed_source == "drawn":
+        if ctx.world_size > 1:  # only the main process reads: its seed is the one every rank records
             reader._seed = ctx.broadcast(reader.seed)
         return cls(
             reader, ctx, split_batches=split_batches, drop_last=dataloader.drop_last, slice_fn=slice_fn,
@@ -168,16 +169,21 @@ class DispatchDataLoader(DataLoaderAdapter):
 
     def _step_from(self, source: Optional[Iterator], group: int) -> Optional[tuple[list, Any]]:
         """The next global batch (and the reader tokens it consumes), agreed on by every rank."""
-        found = None
-        if source is not None:
-            taken = [pair for _, pair in zip(range(group), source)]
-            complete = len(taken) == group or (taken and not self._drop_last)
-            if complete:
-                tokens = [token for token, _ in taken]
-                found = (tokens, concatenate([batch for _, batch in taken], dim=0))
+        found, failure = None, None
+        try:
+            if source is not None:
+                taken = [pair for _, pair in zip(range(group), source)]
+                complete = len(taken) == group or (taken and not self._drop_last)
+                if complete:
+                    tokens = [token for token, _ in taken]
+                    found = (tokens, concatenate([batch for _, batch in taken], dim=0))
+        except Exception as exc:  # sent to every rank below, where it is raised as this rank raises it
+            if not self.ctx.is_collective:
+                raise
+            failure = exc
         if not self.ctx.is_collective:
             return found
-        return _broadcast_step(found, self.ctx, self.device)
+        return broadcast_step(found, failure, self.ctx, self.device)
 
     def _part(self, batch: Any, last: bool) -> Any:
         """This rank's slice of a global batch, completed with the epoch's first samples at the end."""
@@ -341,20 +347,3 @@ class DispatchDataLoader(DataLoaderAdapter):
         plan = getattr(self._reader, "_plan", None)  # (map-style: the samples those steps take, on every rank)
         self._samples = plan.samples_consumed(target) if plan is not None else None
         self._steps = num_batches
-
-
-def _broadcast_step(found: Optional[tuple[list, Any]], ctx: DistContext, device: Optional[torch.device]) -> Any:
-    """Send the main process's global batch (or the end of the epoch) to every rank."""
-    from accelerate.utils import broadcast, get_data_structure, initialize_tensors, send_to_device
-
-    info = [None if found is None else get_data_structure(found[1])]
-    info = ctx.broadcast(info[0])
-    if info is None:
-        return None
-    if ctx.is_main:
-        tokens, batch = found
-    else:
-        tokens, batch = [], initialize_tensors(info)
-    if device is not None:
-        batch = send_to_device(batch, device)
-    return tokens, broadcast(batch, from_process=0)

@@ -6,6 +6,7 @@ The order never depends on the global RNG (which Accelerate restores in
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional, Sized
 
 import torch
@@ -15,6 +16,8 @@ from .._context import DistContext
 from ..training._rng import preserved_globals, seed_globals
 from ._sampler_rng import drawn_twice, reseed, user_seed
 from ._seeds import mix_seed
+
+logger = logging.getLogger(__name__)
 
 
 def generator_for(seed: int, *salts: int) -> torch.Generator:
@@ -110,7 +113,28 @@ def order_for(sampler: Sampler, dataset: Any) -> EpochOrder:
 
 
 def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext) -> tuple[int, str]:
-    """The seed of the epoch orders: the user's choice, else one drawn and agreed across ranks."""
+    """The seed of the epoch orders, agreed across ranks: the user's choice, else one drawn at random.
+
+    Rank 0's wins, as in Accelerate (``synchronize_rng_states`` hands every rank rank 0's generator): a
+    generator seeded per rank (``manual_seed(1000 + rank)``) would otherwise give each rank its own
+    permutation, and some samples would go to two ranks and others to none. Where the ranks' seeds
+    differed, the main process says so once.
+    """
+    seed, source = _local_seed(dataloader, data_seed)
+    everyone = ctx.all_gather(seed)
+    if source != "drawn" and any(other != everyone[0] for other in everyone[1:]) and ctx.is_main:
+        shown = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(everyone))
+        logger.warning(
+            "the DataLoader's shuffle seed (%s) differs between processes (%s); every process uses rank 0's, %d, "
+            "as Accelerate does, so that the processes share one order of the epoch and each reads its own part",
+            "data_seed" if source == "data_seed" else "its generator", shown, everyone[0],
+        )
+    return int(everyone[0]), source
+
+
+def _local_seed(dataloader: DataLoader, data_seed: Optional[int]) -> tuple[int, str]:
+    """This rank's own seed of the epoch orders and where it comes from (``"data_seed"``, ``"generator"``,
+    ``"drawn"``)."""
     if data_seed is not None:
         return int(data_seed), "data_seed"
     held = user_seed(dataloader.sampler, (dataloader.dataset,))
@@ -118,5 +142,4 @@ def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistConte
         return held, "generator"
     if isinstance(dataloader.generator, torch.Generator):
         return int(dataloader.generator.initial_seed()), "generator"
-    drawn = int(torch.empty((), dtype=torch.int64).random_().item())
-    return int(ctx.broadcast(drawn)), "drawn"
+    return int(torch.empty((), dtype=torch.int64).random_().item()), "drawn"

@@ -246,6 +246,26 @@ class GlobalStream(IterableDataset):
         """
         return positions, []
 
+    def settings(self) -> dict[str, Any]:
+        """Hook: what defines this sequence besides its children (weights, sizes, seeds), as plain values.
+
+        Every process must hold the same: the loader compares them across processes when a checkpoint is taken
+        or loaded (``DataLoaderAdapter._data_digest``). A parent also lists its children in :meth:`children`.
+        """
+        return {}
+
+    def children(self) -> dict[str, Any]:
+        """Hook: the sources this one reads, by name (none by default)."""
+        return {}
+
+    def check_position(self, position: Any) -> None:
+        """Hook: raise :class:`CheckpointError` (naming this source and the fix) unless this source can continue
+        from ``position``, a position of :meth:`open` (not ``None``); changes nothing.
+
+        :meth:`load_state_dict` calls it before anything changes, so a damaged or foreign position is refused in
+        one place per source, at the load; a parent checks its children's positions with :func:`check_child`.
+        """
+
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict:
         live = self.__dict__.get("_live")
@@ -264,6 +284,8 @@ class GlobalStream(IterableDataset):
                 f"the saved position of a {type(self).__name__} is not one it wrote (got {str(state)[:200]}); "
                 "resume from a checkpoint written with this source, or start the run without loading"
             )
+        if state["position"] is not None:
+            self.check_position(state["position"])
         self._start = copy.deepcopy(state)
         self._live = None
 
@@ -304,7 +326,7 @@ def _well_formed(state: Any) -> bool:
     """A state :meth:`GlobalStream.state_dict` writes: the next index, a position, maybe the ranges left out."""
     if not isinstance(state, dict) or not {"index", "position"} <= set(state) <= {"index", "position", "skip"}:
         return False
-    if not isinstance(state["index"], int) or isinstance(state["index"], bool):
+    if not isinstance(state["index"], int) or isinstance(state["index"], bool) or state["index"] < 0:
         return False
     skip = state.get("skip", [])
     return isinstance(skip, list) and all(
@@ -322,3 +344,31 @@ def agree_states(dataset: Any, states: list) -> tuple[list, list[str]]:
         for state, position in zip(states, agreed)
     ]
     return found, lines
+
+
+def data_settings(dataset: Any, named: str = "") -> list[tuple[str, str, Any]]:
+    """``(where, setting, value)`` for every setting of ``dataset`` and the sources below it that defines the data
+    (:meth:`GlobalStream.settings`); nothing for a dataset that is not a composable source."""
+    if not isinstance(dataset, GlobalStream):
+        return []
+    where = named or type(dataset).__name__
+    found = [(where, key, value) for key, value in sorted(dataset.settings().items())]
+    for name, child in dataset.children().items():
+        found += data_settings(child, f"{where}'s {name} ({type(child).__name__})")
+    return found
+
+
+def check_child(source: Any, position: Any) -> None:
+    """:meth:`GlobalStream.check_position` of a child source's saved position (other sources check their own
+    when opened)."""
+    if position is None:
+        return
+    if isinstance(source, GlobalStream):
+        source.check_position(position)
+    elif check_source(source) == "index" and (isinstance(position, bool) or not isinstance(position, int)
+                                             or not 0 <= position <= len(source)):
+        raise CheckpointError(
+            f"the saved position of a {type(source).__name__} of {len(source)} items read in index order is "
+            f"{position!r}, not an index from 0 to {len(source)}; resume from a checkpoint written with this data, "
+            "or start the run without loading"
+        )

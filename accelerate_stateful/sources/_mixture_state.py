@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from typing import Any, Iterator, Mapping
 
 from ..errors import CheckpointError
@@ -50,14 +51,31 @@ def checked_position(position: Any, names: list[str]) -> dict:
 
 
 def _well_formed(position: Mapping[str, Any]) -> bool:
+    """Every field as the mixture writes it: weights finite and >= 0 (one > 0), counts whole and >= 0, the same
+    source names in ``sources`` and in every count (a source missing from ``sources`` would restart)."""
     schedule = position["schedule"]
     entries_ok = isinstance(schedule, list) and bool(schedule) and all(
-        isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], int)
-        and isinstance(entry[1], Mapping) and any(float(w) > 0 for w in entry[1].values())
+        isinstance(entry, (list, tuple)) and len(entry) == 2 and _count(entry[0]) and isinstance(entry[1], Mapping)
+        and all(_weight(w) for w in entry[1].values()) and any(w > 0 for w in entry[1].values())
         for entry in schedule
     )
-    counts_ok = all(isinstance(position[key], Mapping) for key in _COUNTS + ("sources",))
-    return entries_ok and counts_ok and isinstance(position["next"], int) and schedule[0][0] == 0
+    if not entries_ok or schedule[0][0] != 0 or any(a[0] > b[0] for a, b in zip(schedule, schedule[1:])):
+        return False
+    if not all(isinstance(position[key], Mapping) for key in _COUNTS + ("sources",)):
+        return False
+    names = set(position["sources"])
+    if any(not set(weights) <= names for _, weights in schedule):  # (a source added later is in later entries only)
+        return False
+    counts_ok = all(set(position[key]) == names and all(map(_count, position[key].values())) for key in _COUNTS)
+    return counts_ok and _count(position["next"])
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _weight(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def schedule_of(positions: list[dict]) -> list:

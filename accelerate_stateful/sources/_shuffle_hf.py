@@ -38,6 +38,9 @@ class HFShuffled(GlobalStream):
         _pipeline(dataset, 0)  # refuse a pipeline this cannot reproduce now, not at the first batch
         self.dataset = dataset
 
+    def check_position(self, position: Any) -> None:
+        _checked(position)
+
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         return _HFCursor(_pipeline(self.dataset, epoch), _checked(position))
 
@@ -230,7 +233,10 @@ def _with_hidden_worker(chunks: Iterator[list]) -> Iterator[list]:
 
 def _checked(position: Optional[Any]) -> Optional[dict]:
     if position is None or (isinstance(position, dict) and set(position) == _POSITION_KEYS
-                            and isinstance(position["rows"], (list, tuple)) and isinstance(position["rng"], str)):
+                            and isinstance(position["rows"], (list, tuple)) and isinstance(position["rng"], str)
+                            and isinstance(position["final"], bool) and all(
+                                isinstance(position[key], int) and not isinstance(position[key], bool)
+                                and position[key] >= 0 for key in ("from_read", "read", "given"))):
         return position
     raise CheckpointError(
         f"the saved position of an exact_shuffle source is not one it wrote (got {str(position)[:200]}); resume from "

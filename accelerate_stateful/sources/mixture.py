@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from torch.utils.data import get_worker_info
 
-from ._global import GlobalStream, check_source, open_source
+from ._global import GlobalStream, check_child, check_source, open_source
 from ._mixture_draw import Table, check_weights, draw_key, extend, in_effect, same_weights, uniform
 from ._mixture_state import checked_position, mixture_positions, schedule_of, show_weights, start_position
 from ..errors import UnsupportedConfigError
@@ -109,6 +109,18 @@ class Mixture(GlobalStream):
         self._weights = check_weights(weights, self.names, "Mixture.set_weights")
 
     # ------------------------------------------------------------------ GlobalStream
+    def settings(self) -> dict[str, Any]:
+        return {"weights": show_weights(self._weights), "seed": self.seed, "on_exhausted": self.on_exhausted,
+                "samples_per_epoch": self.samples_per_epoch}
+
+    def children(self) -> dict[str, Any]:
+        return {f"source '{name}'": self.sources[name] for name in self.names}
+
+    def check_position(self, position: Any) -> None:
+        found = checked_position(position, self.names)
+        for name in self.names:
+            check_child(self.sources[name], found["sources"][name])
+
     def open(self, position: Optional[Any], epoch: int) -> "_Cursor":
         if position is None:
             return _Cursor(self, start_position(self.names, self._weights), epoch)

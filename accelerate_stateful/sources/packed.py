@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, UnsupportedConfigError
-from ._global import Cursor, GlobalStream, check_source, open_source
+from ._global import Cursor, GlobalStream, check_child, check_source, open_source
 
 _ENDINGS = ("drop", "pad")
 
@@ -86,15 +86,33 @@ class Packed(GlobalStream):
         check_source(source, "Packed's source")
         self.source, self.seq_len, self.key, self.last, self.pad_id = source, seq_len, key, last, pad_id
 
-    def open(self, position: Optional[Any], epoch: int) -> Cursor:
-        if position is None:
-            return _PackCursor(self, open_source(self.source, None, epoch), [])
-        if not isinstance(position, dict) or set(position) != {"source", "carry"} or not isinstance(
-                position["carry"], list):
+    def settings(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "key": self.key, "last": self.last, "pad_id": self.pad_id}
+
+    def children(self) -> dict[str, Any]:
+        return {"source": self.source}
+
+    def check_position(self, position: Any) -> None:
+        if not isinstance(position, dict) or set(position) - {"seq_len"} != {"source", "carry"} or not isinstance(
+                position["carry"], list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in position["carry"]):
             raise CheckpointError(
                 f"the saved position of a Packed source is not one it wrote (got {str(position)[:200]}); resume from a "
                 "checkpoint written with this source, or start the run without loading"
             )
+        saved = position.get("seq_len", self.seq_len)  # (not recorded before this release)
+        if saved != self.seq_len:
+            raise CheckpointError(
+                f"the checkpoint's Packed source cut rows of seq_len={saved!r}, this one cuts rows of "
+                f"seq_len={self.seq_len}, so every row after the resume would differ; resume with "
+                f"Packed(seq_len={saved!r}), or start a fresh run"
+            )
+        check_child(self.source, position["source"])
+
+    def open(self, position: Optional[Any], epoch: int) -> Cursor:
+        if position is None:
+            return _PackCursor(self, open_source(self.source, None, epoch), [])
+        self.check_position(position)
         return _PackCursor(self, open_source(self.source, position["source"], epoch), list(position["carry"]))
 
 
@@ -157,7 +175,8 @@ class _PackCursor:
         return False
 
     def position(self) -> dict:
-        return {"source": self._documents.position(), "carry": self._tokens[self._start:].tolist()}
+        return {"source": self._documents.position(), "carry": self._tokens[self._start:].tolist(),
+                "seq_len": self._packed.seq_len}
 
 
 def _list_ids(tokens: Any) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import CheckpointError, UnsupportedConfigError
-from ._global import Cursor, GlobalStream, check_source, open_source, plain_copy
+from ._global import Cursor, GlobalStream, check_child, check_source, open_source, plain_copy
 
 _BLOCK = 1024  # draws made at a time; draw t is block t // _BLOCK, element t % _BLOCK
 _POSITION_KEYS = {"from", "from_read", "read", "slots", "draws", "ended"}
@@ -90,6 +90,15 @@ class Shuffled(GlobalStream):
             )
         check_source(source, "Shuffled's source")
         self.source, self.buffer_size, self.seed = source, buffer_size, seed
+
+    def settings(self) -> dict[str, Any]:
+        return {"buffer_size": self.buffer_size, "seed": self.seed}
+
+    def children(self) -> dict[str, Any]:
+        return {"source": self.source}
+
+    def check_position(self, position: Any) -> None:
+        check_child(self.source, _checked(position, self.buffer_size)["from"])
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
@@ -203,7 +212,10 @@ def _checked(position: Optional[Any], size: int) -> Optional[dict]:
         return None
     if (isinstance(position, dict) and set(position) == _POSITION_KEYS
             and isinstance(position["slots"], (list, tuple)) and len(position["slots"]) <= size
-            and all(isinstance(position[key], int) for key in ("from_read", "read", "draws"))):
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in position["slots"])
+            and isinstance(position["ended"], bool)
+            and all(isinstance(position[key], int) and not isinstance(position[key], bool) and position[key] >= 0
+                    for key in ("from_read", "read", "draws"))):
         return position
     raise CheckpointError(
         f"the saved position of a Shuffled source is not one it wrote with buffer_size={size} (got "

@@ -1,0 +1,94 @@
+"""What every process must share for a checkpoint to be sealed, and for it to be merged on another topology.
+
+One comparison serves both: the save (``_in_step.settle``) compares every rank's current state with
+:func:`first_difference`, and the elastic merge (``DataLoaderAdapter.merge_rank_states``) compares the saved
+states with the same function. So a checkpoint the save sealed is one the merge accepts, and a set of states
+the merge would refuse is refused at the save, on every rank, naming what differs.
+
+Two parts:
+
+- **the point** (:func:`shared_point`): the epoch, the samples every process took, where the epoch was re-cut,
+  and the pass in progress (what was done on it, how many untrained passes came before it);
+- **what defines the data** (:func:`data_digest`): the shuffle seed, the loader's settings (batch size,
+  ``drop_last`` ...), and every setting of the composable sources (a ``Mixture``'s weights, a ``Packed``
+  source's ``seq_len`` ...), with each pass's weight schedule. Read from the objects, never by a collective
+  in ``next()``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Optional, Sequence
+
+from . import _state as S
+from ..loaders._passes import PASS
+from ..sources._global import data_settings
+from ..sources._mixture_state import mixture_positions
+
+_SHARED = (S.EPOCH, S.SAMPLES_CONSUMED, S.STRIPE_ORIGIN, PASS)
+_IN_WORDS = {
+    S.EPOCH: "the epoch",
+    S.SAMPLES_CONSUMED: "the samples taken in the epoch",
+    S.STRIPE_ORIGIN: "where the epoch was cut again into batches of this run's size",
+    PASS: "the pass in progress (where it began, and whether it was trained)",
+}
+
+
+def shared_point(state: Any) -> tuple:
+    """The part of a loader's saved state that every process must share, as ``(field, value)`` pairs."""
+    return tuple((key, _comparable(state, key)) for key in _SHARED)
+
+
+def first_difference(points: Sequence[tuple]) -> Optional[tuple[int, str]]:
+    """``(rank, what differs in words)`` for the first rank whose :func:`shared_point` is not rank 0's, else
+    ``None``."""
+    for rank, point in enumerate(points[1:], start=1):
+        for (key, value), (_, first) in zip(point, points[0]):
+            if value != first:
+                return rank, _IN_WORDS[key]
+    return None
+
+
+def data_digest(loader: Any) -> list[tuple[str, Any, str]]:
+    """``(what, value, fix)`` for everything that defines ``loader``'s data (see the module docstring)."""
+    rows = [
+        ("the shuffle seed", loader.seed, "seed the DataLoader's generator (or data_seed) the same on every process"),
+        ("the loader's settings", _plain(loader._config()),
+         "build the DataLoader with the same dataset, batch size and settings on every process"),
+    ]
+    for where, key, value in data_settings(loader.dataset):
+        fix = ("call set_weights with the same weights on every process" if key == "weights" else
+               f"build {where} with the same {key} on every process")
+        rows.append((f"the {key} of {where}", value, fix))
+    if loader.mode == S.STREAM_MODE:  # each process reads its own shares: each agreed one schedule per pass
+        schedules = sorted({json.dumps(p["schedule"], sort_keys=True) for p in mixture_positions(loader._raw_state())})
+        if schedules:
+            rows.append(("the Mixture's weight schedule of the pass", schedules,
+                         "call set_weights with the same weights on every process, at the same point"))
+    return rows
+
+
+def data_refusal(digests: Sequence[list], call: str, index: int) -> Optional[str]:
+    """The refusal when the processes' :func:`data_digest` of loader ``index`` differ, else ``None``."""
+    for row, (what, first, fix) in enumerate(digests[0]):
+        values = [digest[row][1] if row < len(digest) else None for digest in digests]
+        if any(value != first for value in values[1:]):
+            seen = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+            return f"{call} refused for loader {index}: {what} is not the same on every process ({seen}); {fix}"
+    return None
+
+
+def _plain(config: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={config[key]!r}" for key in sorted(config))
+
+
+def _comparable(state: Any, key: str) -> Any:
+    """``state[key]``, with a live pass's starting point reduced to what every rank must share."""
+    value = state.get(key) if isinstance(state, Mapping) else None
+    if key == PASS and isinstance(value, Mapping) and isinstance(value.get("origin"), Mapping):
+        origin = value["origin"]
+        # Not the warm-up passes counted before it ("peeks"): a shape check on the main process only is undone
+        # there, and each process re-runs its own after a resume; the merge keeps the main process's count.
+        return (value.get("trained"), origin.get("epoch"), origin.get("phase"), origin.get("taken"),
+                origin.get("mark") is None)
+    return value
