@@ -73,6 +73,7 @@ bench: install
 # The site, into site/; strict: a broken link or reference, or a page missing from mkdocs.yml's nav, fails.
 docs: install
 	$(PY) tools/architecture.py docs/figures/architecture.png
+	$(PY) tools/lifecycle_figure.py docs/figures/lifecycle.png
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # The built site in headless Chromium: every page, figure and console; screenshots into site-check/.

@@ -136,6 +136,18 @@ def test_the_architecture_figure_names_existing_modules_and_every_module_of_the_
     assert committed == drawing.fingerprint(), "docs/figures/architecture.png is stale: run `make docs`, commit it"
 
 
+def test_the_lifecycle_figure_draws_exactly_the_loader_states_and_is_committed_fresh(tmp_path):
+    from accelerate_stateful.loaders._passes import Phase
+
+    drawing = load_script("tools/lifecycle_figure.py", "lifecycle_figure")
+    assert sorted(drawing.STATES) == sorted(phase.value for phase in Phase), "draw every state of dl.phase"
+    assert {end for edge in drawing.EDGES for end in edge[:2]} == set(drawing.STATES)
+    drawing.draw(str(tmp_path / "lifecycle.png"))
+    assert 600 < png_size(tmp_path / "lifecycle.png")[0] < 1000  # readable at the page's width, and small
+    committed = png_text(ROOT / "docs" / "figures" / "lifecycle.png").get("Description")
+    assert committed == drawing.fingerprint(), "docs/figures/lifecycle.png is stale: run `make docs`, commit it"
+
+
 @pytest.fixture()
 def results(tmp_path) -> Path:
     """Both benchmarks' JSON as they write it, with made-up numbers in their own result types (nothing timed)."""
