@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import DistContext, Phase, ShardDataLoader, SkipDataLoader
+from accelerate_stateful.checkpoint import _in_step
 
 
 
@@ -57,13 +58,19 @@ def ids(batch) -> list:
     return batch.tolist()
 
 
+def saved(loaders) -> list:
+    """What ``accelerator.save_state()`` records: the save is an event (garbage collected where a pass is open,
+    every pending verdict taken, the processes' points compared: ``checkpoint._in_step``), then each state."""
+    _in_step.settle(loaders[0].ctx, loaders, "accelerator.save_state()")
+    return [through_files(loader.state_dict()) for loader in loaders]
+
+
 class Recorder:
     """A run of ``script`` on one rank: its log, and the loader states at each checkpoint."""
 
     def __init__(self, script, loaders, log=None) -> None:
         self.log, self.saves = list(log or []), []
-        script(loaders, self.log, lambda: self.saves.append((len(self.log), [through_files(l.state_dict())
-                                                                               for l in loaders])))
+        script(loaders, self.log, lambda: self.saves.append((len(self.log), saved(loaders))))
 
 
 def fresh_start(loaders):

@@ -95,8 +95,8 @@ def restored_loader(states: list, rank: int, world_size: int) -> Any:
     """The loader of ``rank`` of ``world_size`` resumed from every saved rank's ``states``, as ``load_state`` does.
 
     On the saved world size each rank takes its own state; on another, the merged state of all. A checkpoint
-    taken right after an epoch's last batch is described as that epoch, every batch taken (the view of a loop
-    that re-enters it; ``docs/lifecycle.md``).
+    taken right after an epoch's last batch is described as the end of that epoch, every batch taken (a
+    resumed loop then starts the next epoch; ``docs/lifecycle.md``).
     """
     ctx = DistContext(rank, world_size)
     own = with_reader(states, rank if len(states) == world_size else 0)

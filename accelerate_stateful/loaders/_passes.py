@@ -5,9 +5,10 @@ from: where the pass began, whether the model was trained on it, how many batche
 The iterator (:class:`PassHandle`) belongs to the training loop. When the loop lets the iterator go,
 the only thing that happens is that the record is flagged as dropped: no verdict is taken and no
 shared state is touched in a finalizer, which may run at any moment and in any thread (whichever
-triggers a garbage collection). The verdict is taken by the loader, on the thread that calls it, at
-its next call (``_lifecycle``), and ``save_state``/``load_state`` collect garbage at the same program
-point on every rank before they look, so every rank decides the same.
+triggers a garbage collection). The verdict is taken by the loader, on the thread that makes the call, at
+its next event (``iter()``, ``set_epoch``, ``close()``, ``load_state_dict``; never a query: ``_lifecycle``),
+and ``save_state``/``load_state`` collect garbage at the same program point on every rank before they
+look, so every rank decides the same.
 """
 
 from __future__ import annotations
