@@ -130,7 +130,7 @@ def test_a_preempted_hand_written_loop_saves_at_the_end_of_the_step_exits_143_an
     assert seen == reference
 
 
-def test_preemption_needs_automatic_checkpoint_naming_and_a_prepared_loader(tmp_path, fresh_accelerate_state):
+def test_preemption_needs_automatic_checkpoint_naming_a_prepared_loader_and_a_prepared_optimizer(tmp_path, fresh_accelerate_state):
     accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     with pytest.raises(UnsupportedConfigError, match="automatic_checkpoint_naming=True"):
         accelerator.checkpoint_on_preemption()
@@ -140,6 +140,9 @@ def test_preemption_needs_automatic_checkpoint_naming_and_a_prepared_loader(tmp_
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True),
     )
     with pytest.raises(UnsupportedConfigError, match="after accelerator.prepare"):
+        accelerator.checkpoint_on_preemption()
+    accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
+    with pytest.raises(UnsupportedConfigError, match="no prepared optimizer; prepare the optimizer"):
         accelerator.checkpoint_on_preemption()
 
 
