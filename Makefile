@@ -68,6 +68,7 @@ bench: install
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_lm.py --json bench_out/lm.json
 	$(PY) benchmarks/bench_worker_release.py
+	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/plot.py bench_out docs/figures
 
 # The site, into site/; strict: a broken link or reference, or a page missing from mkdocs.yml's nav, fails.

@@ -73,7 +73,7 @@ class Accelerator(accelerate.Accelerator):
         _rng.check_mode(pipeline_rng)
         self.pipeline_rng = pipeline_rng
         self.carry_gradients = carry_gradients
-        self._preemption_requests: list[_preemption.PreemptionRequest] = []
+        self._preemption_requests: list[_preemption.StepEndCheckpoint] = []
         super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
@@ -267,30 +267,31 @@ class Accelerator(accelerate.Accelerator):
         super().end_training()
 
     def checkpoint_on_preemption(self, *loaders: DataLoaderAdapter, signals=_preemption.PREEMPTION_SIGNALS):
-        """On SIGTERM or SIGUSR1, save a complete checkpoint at the next optimizer step on every rank and exit.
+        """On SIGTERM or SIGUSR1, save a complete checkpoint at the end of an optimizer step on every rank and exit.
 
-        Call it once, after ``prepare``: when the loop asks ``loaders`` (default: every prepared one) for the
-        batch after an optimizer step, the ranks agree on whether any of them was signalled; if so every rank
-        calls ``save_state()`` and the process exits with status 143 (``PREEMPTED_EXIT_CODE``). Running the
-        same command (with ``resume()``) continues exactly. See ``docs/trainer.md#preemption``.
+        Call it once, after ``prepare``. Once per step of the first prepared optimizer the ranks agree on whether
+        any of them was signalled (one all-reduce, started at one step and read at the next, so it overlaps a
+        step; never in a loader's ``next()``); then every rank calls ``save_state()`` at the end of that step,
+        after the optimizer step and every prepared scheduler's ``step()``, and the process exits with status
+        143 (``PREEMPTED_EXIT_CODE``). Running the same command (with ``resume()``) continues exactly.
+        ``loaders`` (default: every prepared one) get workers that ignore the signals. See
+        ``docs/trainer.md#preemption``.
         """
-        request = _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
-        self._preemption_requests.append(request)
-        return request
+        checkpoint = _preemption.checkpoint_on_preemption(self, loaders or self.stateful_loaders, signals)
+        self._preemption_requests.append(checkpoint)
+        return checkpoint
 
     def free_memory(self, *objects: Any) -> list:
         """Accelerate's ``free_memory`` (alias ``clear``), and what this package tied to the prepared objects.
 
         The signal handlers of ``checkpoint_on_preemption`` give the signals back to their earlier handlers, and
-        each prepared loader stops calling into this accelerator. Nothing of this package then holds a prepared
+        its hooks leave the prepared optimizer and schedulers. Nothing of this package then holds a prepared
         model, optimizer, scheduler or loader: each is freed when the program drops its last reference
         (``docs/lifecycle.md#freeing-memory-between-runs``).
         """
         for request in self._preemption_requests:
             request.uninstall()
         self._preemption_requests = []
-        for loader in self.stateful_loaders:
-            loader.on_batch_returned = None
         return super().free_memory(*objects)
 
     # ----------------------------------------------------------------- internals

@@ -7,12 +7,7 @@ count the items the dataset produced before it. Stock Trainer reads and throws a
 the position (``skip_first_batches``); ours restores the stream's position and reads nothing extra.
 Both run side by side in this one process, alternating which goes first, with one process and no workers.
 
-A second table measures what the preemption check costs per optimizer step when no signal arrives: a
-tiny model's step with and without ``accelerator.checkpoint_on_preemption()`` (hand-written loop, one
-process: the check is a flag test). With several processes it adds one all-reduce of one int per step::
-
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 benchmarks/bench_trainer.py \
-        --launched-preemption-cost
+The per-step cost of the preemption checkpoint is measured by ``benchmarks/bench_preemption.py``.
 """
 
 from __future__ import annotations
@@ -31,8 +26,8 @@ from torch.utils.data import IterableDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import no_gc, rotated, run_main, table  # noqa: E402
 
-QUICK = {"items": 240, "batch": 4, "rounds": 1, "loop_steps": 200}
-FULL = {"items": 1000, "batch": 4, "rounds": 2, "loop_steps": 1000}
+QUICK = {"items": 240, "batch": 4, "rounds": 1}
+FULL = {"items": 1000, "batch": 4, "rounds": 2}
 POSITIONS = (0.1, 0.5, 0.9)
 
 
@@ -112,59 +107,10 @@ def resume_time(kind: str, root: Path, items: int, batch: int, fraction: float) 
                        items, batch)
 
 
-def loop_step_time(steps: int, preemption: bool, root: Path) -> float:
-    """Seconds per optimizer step of a tiny hand-written loop, with or without the preemption check."""
-    from accelerate.state import AcceleratorState, GradientState
-    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
-
-    from accelerate_stateful import Accelerator
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    accelerator = Accelerator(
-        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True, data_seed=0),
-        project_config=ProjectConfiguration(project_dir=str(root / f"loop-{preemption}"),
-                                            automatic_checkpoint_naming=True),
-    )
-    model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(torch.randn(steps, 8), batch_size=1)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    request = accelerator.checkpoint_on_preemption() if preemption else None
-    try:
-        with no_gc():
-            started = time.perf_counter()
-            for batch in loader:
-                loss = model(batch).pow(2).mean()
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
-            return (time.perf_counter() - started) / len(loader)
-    finally:
-        if request is not None:
-            request.uninstall()
-
-
-def check_time(calls: int = 100_000) -> float:
-    """Seconds per call of the check itself, between two batches after an optimizer step, with no signal."""
-    import functools
-
-    from accelerate_stateful.training import _preemption
-
-    accelerator = type("AtStepBoundary", (), {"sync_gradients": True})()
-    request = _preemption.PreemptionRequest()
-    check = functools.partial(_preemption._at_batch_boundary, accelerator, request)
-    with no_gc():
-        started = time.perf_counter()
-        for _ in range(calls):
-            check()
-        return (time.perf_counter() - started) / calls
-
-
 def measure(sizes: dict, started: float) -> Callable[[dict], str]:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.set_num_threads(1)  # a tiny model: more threads only contend (a loaded machine made steps 100x slower)
-    rows, cost_rows = [], []
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         steps = sizes["items"] // sizes["batch"]
         every = max(1, round(0.1 * steps))
@@ -183,13 +129,6 @@ def measure(sizes: dict, started: float) -> Callable[[dict], str]:
             (stock_s, stock_n), (ours_s, ours_n) = best["stock", fraction], best["ours", fraction]
             rows.append([f"{fraction:.0%}", f"{stock_s:.3f}", str(stock_n), f"{ours_s:.3f}", str(ours_n),
                          f"{stock_s / ours_s:.1f}x"])
-        timings: dict[bool, float] = {}
-        for round_index in range(5 * sizes["rounds"]):
-            for preemption in rotated((False, True), round_index):
-                t = loop_step_time(sizes["loop_steps"], preemption, Path(tmp))
-                timings[preemption] = min(t, timings.get(preemption, float("inf")))
-        cost_rows.append([f"{timings[False] * 1e6:.1f}", f"{timings[True] * 1e6:.1f}",
-                          f"{timings[True] / timings[False]:.3f}", f"{check_time() * 1e6:.2f}"])
 
     def render(env: dict) -> str:
         lines = ["## Trainer: resume of an iterable dataset (1 ms per item)", ""]
@@ -197,33 +136,12 @@ def measure(sizes: dict, started: float) -> Callable[[dict], str]:
         lines += ["", f"{sizes['items']} items per epoch, batch {sizes['batch']}, best of {sizes['rounds']} rounds.", ""]
         lines += table(["resumed at", "stock s to 1st step", "stock items read", "ours s to 1st step",
                         "ours items read", "stock / ours"], rows)
-        lines += ["", "## Preemption check per optimizer step (no signal, 1 process)", ""]
-        lines += table(["without (us/step)", "with (us/step)", "with / without", "the check alone (us)"], cost_rows)
         return "\n".join(lines) + "\n"
 
     return render
 
 
-def preemption_cost_launched(steps: int, rounds: int) -> None:
-    """Under ``accelerate launch`` (several processes): the per-step cost, where the check is an all-reduce."""
-    import torch.distributed as dist
-
-    timings: dict[bool, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for round_index in range(rounds):
-            for preemption in rotated((False, True), round_index):
-                t = loop_step_time(steps, preemption, Path(tmp))
-                timings[preemption] = min(t, timings.get(preemption, float("inf")))
-    if dist.get_rank() == 0:
-        print(f"{dist.get_world_size()} processes, {steps} steps, best of {rounds}: without "
-              f"{timings[False] * 1e6:.1f} us/step, with {timings[True] * 1e6:.1f} us/step, "
-              f"ratio {timings[True] / timings[False]:.3f}", flush=True)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    if "--launched-preemption-cost" in (argv if argv is not None else sys.argv[1:]):
-        preemption_cost_launched(FULL["loop_steps"], FULL["rounds"])
-        return 0
     return run_main(argv, __doc__, "240 items, 1 round", (QUICK, FULL), measure)
 
 

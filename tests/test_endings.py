@@ -200,6 +200,7 @@ ENDING = textwrap.dedent("""
                                                                   automatic_checkpoint_naming=True))
     loaders = [accelerator.prepare(DataLoader(data, batch_size=4, num_workers=2, persistent_workers=persistent))
                for data in (list(range(40)), Slow(), Stream()) for persistent in (False, True)]
+    accelerator.prepare(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))  # the step that decides
     accelerator.checkpoint_on_preemption()  # the workers ignore SIGTERM
     iterators = [iter(dl) for dl in loaders]
     for it in iterators:

@@ -102,11 +102,14 @@ def test_free_memory_gives_the_signals_back_to_their_earlier_handlers(tmp_path):
         cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True),
     )
-    model, train = accelerator.prepare(torch.nn.Linear(1, 1), make_loader("map", 0))
+    model = torch.nn.Linear(1, 1)
+    model, optimizer, train = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                                  make_loader("map", 0))
     accelerator.checkpoint_on_preemption()
     assert {sig: signal.getsignal(sig) for sig in before} != before
+    assert optimizer.optimizer._optimizer_step_post_hooks
 
     accelerator.free_memory()
 
     assert {sig: signal.getsignal(sig) for sig in before} == before
-    assert train.on_batch_returned is None
+    assert not optimizer.optimizer._optimizer_step_post_hooks

@@ -78,9 +78,9 @@ def test_a_signal_is_recorded_and_agreed_and_the_previous_handlers_come_back():
     before = signal.getsignal(signal.SIGUSR1)
     request = PreemptionRequest().install()
     try:
-        assert not request.agreed()
+        assert not request.poll()
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert request.received == signal.SIGUSR1 and request.agreed()
+        assert request.received == signal.SIGUSR1 and request.poll()
     finally:
         request.uninstall()
     assert signal.getsignal(signal.SIGUSR1) is before
@@ -103,14 +103,14 @@ def _loop(project, data, seen, interrupt_after=None, epochs=2):
         for batch in loader:
             loss = (model(batch.float().unsqueeze(1)) ** 2).mean()
             accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            seen.append((batch.tolist(), loss.item()))
+            seen.append((batch.tolist(), loss.item()))  # logged before the step: a preempted step's log is kept
             if len(seen) == interrupt_after:
                 os.kill(os.getpid(), signal.SIGTERM)
+            optimizer.step()  # with a signal: the checkpoint is taken here, at the end of this step, then exit
+            optimizer.zero_grad()
 
 
-def test_a_preempted_hand_written_loop_saves_at_the_next_step_exits_143_and_resumes_exactly(
+def test_a_preempted_hand_written_loop_saves_at_the_end_of_the_step_exits_143_and_resumes_exactly(
         tmp_path, fresh_accelerate_state):
     data = list(range(20))
     previous = signal.getsignal(signal.SIGTERM)
@@ -123,14 +123,14 @@ def test_a_preempted_hand_written_loop_saves_at_the_next_step_exits_143_and_resu
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.code == PREEMPTED_EXIT_CODE
-    # Saved when the loop asked for the 6th batch: after step 5, before anything of step 6 was read.
+    # Saved at the end of step 5's optimizer step, before anything of step 6 was read.
     assert [p.name for p in _files.complete_checkpoints(tmp_path / "run" / "checkpoints")] == ["checkpoint_0"]
     fresh_accelerate_state._reset_state(True)
     _loop(tmp_path / "run", data, seen)
     assert seen == reference
 
 
-def test_preemption_needs_automatic_checkpoint_naming_and_a_prepared_loader(tmp_path, fresh_accelerate_state):
+def test_preemption_needs_automatic_checkpoint_naming_a_prepared_loader_and_a_prepared_optimizer(tmp_path, fresh_accelerate_state):
     accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     with pytest.raises(UnsupportedConfigError, match="automatic_checkpoint_naming=True"):
         accelerator.checkpoint_on_preemption()
@@ -140,6 +140,9 @@ def test_preemption_needs_automatic_checkpoint_naming_and_a_prepared_loader(tmp_
         project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True),
     )
     with pytest.raises(UnsupportedConfigError, match="after accelerator.prepare"):
+        accelerator.checkpoint_on_preemption()
+    accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
+    with pytest.raises(UnsupportedConfigError, match="no prepared optimizer; prepare the optimizer"):
         accelerator.checkpoint_on_preemption()
 
 

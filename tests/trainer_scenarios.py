@@ -267,10 +267,11 @@ def run_loop(cfg: dict, out: Path, rec: Recorder, interrupted: bool) -> dict:
                 rec.write(step=step, ids=decode(batch["input_ids"].cpu()))
                 loss = model(**batch).loss
                 accelerator.backward(loss)
+                if accelerator.sync_gradients:  # logged before the step: a preemption checkpoint ends the step
+                    rec.write(step=step, loss=accelerator.reduce(loss.detach(), "mean").item())
                 optimizer.step()
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
-                rec.write(step=step, loss=accelerator.reduce(loss.detach(), "mean").item())
                 step += 1
                 if step % cfg["save_steps"] == 0:
                     accelerator.save_state()

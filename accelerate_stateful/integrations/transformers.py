@@ -55,14 +55,15 @@ class _TrainerAccelerator(Accelerator):
 
 
 class _PreemptionCallback(TrainerCallback):
-    """After every optimizer step the ranks agree on whether any was signalled; if so: save, then exit."""
+    """At the end of every optimizer step (after the scheduler's step) the ranks agree with ``poll()`` on whether
+    any was signalled; if so: save ``checkpoint-N``, then exit. Never inside a loader's ``next()``."""
 
     def __init__(self, request: _preemption.PreemptionRequest) -> None:
         self.request = request
         self.preempted = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.request.agreed():
+        if self.request.poll():
             self.preempted = True
             control.should_save = True
             control.should_training_stop = True

@@ -68,8 +68,6 @@ class DataLoaderAdapter(Stateful):
         self._base_iter: Optional[weakref.ref] = None
         self.end_of_dataloader = False
         self.remainder = -1
-        # Called when the loop asks for the batch after one it took (see ``_preemption``); None: no call.
-        self.on_batch_returned: Optional[Callable[[], None]] = None
         warn_if_unsafe(base_loader, ctx.world_size)
 
     # ----------------------------------------------------------------- public surface

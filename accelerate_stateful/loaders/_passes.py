@@ -130,8 +130,6 @@ class PassHandle:
         life = self._loader._life
         if self._batches is None:
             self._batches = life.begin(record)
-        elif record.handed and self._loader.on_batch_returned is not None:
-            self._loader.on_batch_returned()
         try:
             batch = next(self._batches)
         except StopIteration:
