@@ -51,13 +51,14 @@ def test_iter_while_iterating_abandons_the_pass_and_restarts_the_epoch():
     assert loader.epoch == 1
 
 
-def test_a_break_without_training_undoes_the_pass_so_the_next_iter_restarts_the_epoch():
+def test_a_break_without_training_undoes_the_pass_at_the_next_iter_so_it_restarts_the_epoch():
     full = ids(make())
     loader = make()
     for i, _ in enumerate(loader):
         if i == 1:
             break
-    assert loader.state_dict()["batches_yielded"] == 0 and loader.phase is Phase.NOT_STARTED
+    # A query is a pure read: the pass let go is still open until the loader's next event (here iter()).
+    assert loader.state_dict()["batches_yielded"] == 2 and loader.phase is Phase.ITERATING
     assert ids(loader) == full
 
 
@@ -166,7 +167,7 @@ def test_a_pickled_loader_mid_iteration_pickles_without_its_iterator():
     del loader._kept
     copy = pickle.loads(pickle.dumps(loader))
     assert next(live) is not None and loader.batches_yielded == 3  # the original goes on
-    assert copy.batches_yielded == 0  # the copy's pass is gone with its iterator: undone at its next call
+    assert copy.batches_yielded == 2  # the copy's pass is gone with its iterator: undone at its next event
     assert ids(copy) == ids(make())
 
 

@@ -71,6 +71,8 @@ def test_any_backward_through_a_prepared_model_is_training_so_a_break_truncates_
             if i == 1:
                 break
     assert seen == [b for epoch in range(3) for b in epoch_order(epoch=epoch)[:2]]
+    assert dl.epoch == 2  # a pure read: the last pass let go is open until the loader's next event
+    iter(dl)
     assert dl.epoch == 3
 
 
@@ -122,7 +124,7 @@ def test_a_pass_kept_after_its_last_batch_is_no_longer_the_active_loader_once_an
 
 def test_a_collection_in_another_thread_does_not_move_a_loader_or_its_gradient_state():
     """A pass kept alive only by a reference cycle is let go when a collection runs, in whatever thread:
-    that only flags it; the verdict waits for the loader's next call, on the caller's thread."""
+    that only flags it; the verdict waits for the loader's next event, on the caller's thread."""
     acc = accelerator()
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -144,7 +146,9 @@ def test_a_collection_in_another_thread_does_not_move_a_loader_or_its_gradient_s
         thread.start()
         thread.join()
         assert (dl._epoch, dl._batches_taken(), list(acc.gradient_state.dataloader_references)) == before
-        assert dl.epoch == 1 and dl.batches_yielded == 0  # judged at this call: trained on, so truncated
+        assert dl.epoch == 0 and dl.batches_yielded == 2  # a query judges nothing: the pass is still open
+        iter(dl)  # an event: the pass let go is judged here, trained on, so its epoch was truncated
+        assert dl.epoch == 1 and dl.batches_yielded == 0
         assert not acc.gradient_state.in_dataloader
     finally:
         gc.enable()

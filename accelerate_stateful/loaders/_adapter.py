@@ -80,10 +80,7 @@ class DataLoaderAdapter(Stateful):
         never make the processes decide differently. After a resume from a checkpoint taken right after an
         epoch's last batch this is the next epoch (``docs/lifecycle.md``).
         """
-        live = self._life.live
-        if live is not None and live.complete:
-            return live.final[0]
-        return self._epoch
+        return self._resume_point()[0]
 
     @property
     def phase(self) -> Phase:
@@ -107,12 +104,16 @@ class DataLoaderAdapter(Stateful):
     def _resume_point(self) -> tuple[int, int, bool]:
         """``(epoch, batches taken, between two epochs)`` as the loader reports them, committing nothing.
 
-        Between two epochs after a resume: the next epoch, none of its batches taken.
+        Between two epochs after a resume: the next epoch, none of its batches taken; once ``set_epoch`` re-entered
+        the finished epoch, that epoch with every batch taken.
         """
         live = self._life.live
         if live is not None and live.complete:
             return live.final[0], live.final[1], False
-        return self._epoch, self._batches_taken(), self._life.boundary() is not None and live is None
+        boundary = self._life.boundary()
+        if boundary is not None and live is None and self._life.reentered():  # set_epoch(finished epoch)
+            return boundary[0], boundary[1], False
+        return self._epoch, self._batches_taken(), boundary is not None and live is None
 
     def progress(self) -> Optional[float]:
         """The part of the current epoch already taken, from 0 to 1; ``None`` for a stream without a length."""

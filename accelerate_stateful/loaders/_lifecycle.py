@@ -134,6 +134,10 @@ class Lifecycle:
         if self.boundary() is not None:
             self._in_finished_epoch = True
 
+    def reentered(self) -> bool:
+        """Whether ``set_epoch`` re-entered the finished epoch (see :meth:`boundary`)."""
+        return self._in_finished_epoch
+
     def leave_boundary(self) -> None:
         """``set_epoch``/``seek`` moved the loader: the saved pass will not be continued."""
         self.pending, self._replays_left, self._in_finished_epoch = None, 0, False
@@ -148,8 +152,9 @@ class Lifecycle:
         if self.live is not None:
             handle = self._handle() if self._handle is not None else None
             if handle is not None:
-                handle.close()
-            self._judge(self.live)
+                handle.close()  # an event: takes the verdict
+            if self.live is not None:
+                self._judge(self.live)
         record = self._new_record()
         handle = PassHandle(loader, record)
         self.live, self._handle = record, weakref.ref(handle)

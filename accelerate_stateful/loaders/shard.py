@@ -125,6 +125,9 @@ class ShardDataLoader(DataLoaderAdapter):
         self._consumed = 0
         self._cached_order: tuple[tuple[int, int, int], torch.Tensor, list] = ((-1, -1, -1), torch.empty(0), [])
         self._pipeline = PipelineRNG(pipeline_rng, self.num_workers, dataset)
+        # The first epoch's order is drawn here (``prepare``, which every process reaches): a sampler that cannot
+        # be resumed is refused on every process at the same point, never at a first len(dl) one process makes.
+        self._epoch_indices()
 
     @classmethod
     def from_dataloader(
