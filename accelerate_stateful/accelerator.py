@@ -384,15 +384,7 @@ class Accelerator(accelerate.Accelerator):
 def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path) -> None:
     """One line saying where the loader resumes, and the change of topology it handles."""
     epoch, taken, between = loader._resume_point()
-    done = loader.progress()
-    if between:
-        logger.warning(
-            "loader %d: %s was taken right after the last batch of epoch %d, so the loader resumes at the start of "
-            "epoch %d (dl.epoch == %d). Code your loop runs after its inner loop (an evaluation, a per-epoch "
-            "scheduler step) does not run again for epoch %d, unless the loop keeps its own epoch counter "
-            "(accelerator.register_for_checkpointing) and calls dl.set_epoch(epoch) with it, which re-enters that "
-            "epoch's empty rest; or save after that code", index, source, epoch - 1, epoch, epoch, epoch - 1,
-        )
+    done = 1.0 if between else loader.progress()
     progress = f"batch {taken}" if done is None else f"{100 * done:.1f}%"
     now = f"{loader.ctx.world_size} ranks x {loader.num_workers} workers"
     saved = state["topology"]

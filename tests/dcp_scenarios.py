@@ -86,7 +86,7 @@ def drive(loaders: list, stop: Optional[tuple[int, str]] = None, taken: int = 0,
                 aux_it = iter(aux)
         raise RuntimeError("the stream yielded nothing in a whole epoch")
 
-    if stop in ((taken, "in_loop"), (taken, "before"), (taken, "after_loop")):  # harness.run_loop says why
+    if stop in ((taken, "in_loop"), (taken, "before")):
         on_stop()
         return steps
     for epoch in range(main.epoch, EPOCHS):

@@ -56,9 +56,7 @@ def run_loop(
     ``taken`` is how many batches earlier runs already took, so save points count from the run's start.
     """
     steps: list[Step] = []
-    # Resumed right after an epoch's last batch, the loop is already past that epoch's inner loop (dl.epoch is
-    # the next epoch): the save point after it is where the run stands.
-    if stop in ((taken, "in_loop"), (taken, "before"), (taken, "after_loop")):
+    if stop == (taken, "in_loop") or stop == (taken, "before"):
         return steps, loader.state_dict()
     for epoch in range(loader.epoch, epochs):
         passing = iter(loader)

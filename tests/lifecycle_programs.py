@@ -80,7 +80,7 @@ def draw(seed: int, world: int, refusal: bool = False) -> Program:
         seed=seed, n_a=n_a, bs_a=bs_a, drop_last=drop_last, n_b=rng.randint(world, 4 * world * 2),
         bs_b=rng.randint(1, 2), pattern=pattern, limit=limit, restart=restart, top_peek=rng.random() < 0.35,
         prologue_peek=rng.random() < 0.3, save_every=rng.randint(1, 3), save_offset=0,
-        save_after_loop=rng.random() < 0.5, post_eval=0 if restart != "own" else rng.choice([0, 0, 1, 2]),
+        save_after_loop=rng.random() < 0.5, post_eval=0 if restart == "count" else rng.choice([0, 0, 1, 2]),
         keep_exception_rank=rng.choice([None, *range(world)]), gc_off_rank=rng.choice([None, *range(world)]),
         gc_every_rank=rng.choice([None, *range(world)]),
     )
@@ -187,9 +187,7 @@ class Run:
                     self._evaluate(2)
                 self._maybe_save()
         self._query()
-        # Only a loop that keeps its own epoch (and calls set_epoch with it) re-enters an epoch it saved at the
-        # last batch of; one that restarts from dl.epoch or counts steps starts the next (docs/lifecycle.md).
-        if p.restart == "own":
+        if p.restart != "count":  # a loop that counts its epochs by steps skips this after a resume at the end
             if p.post_eval:
                 self._evaluate(p.post_eval)
             self.trace.append(("after", epoch))

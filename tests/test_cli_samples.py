@@ -60,11 +60,10 @@ def _epoch(loader, epoch: int) -> list[list[int]]:
 
 
 def _rest_read_on_resume(loader, state) -> list[list[int]]:
-    """What a loop resumed from ``state`` reads of the epoch it was saved in: a loop that keeps its own epoch
-    counter re-enters it with ``set_epoch`` (a checkpoint taken right after an epoch's last batch: that epoch's
-    empty rest, which ``samples --remaining`` prints; docs/lifecycle.md)."""
+    """What a loop resumed from ``state`` reads when it re-enters its epoch at ``dl.epoch`` (a checkpoint
+    taken right after an epoch's last batch: that epoch's empty rest; see docs/lifecycle.md)."""
     loader.load_state_dict(state)
-    loader.set_epoch(state["epoch"] - 1 if (state.get("pass") or {}).get("complete") else state["epoch"])
+    assert loader.epoch >= 0  # asking where it is re-enters that epoch
     return [b.tolist() for b in loader]
 
 

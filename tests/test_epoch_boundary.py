@@ -1,10 +1,12 @@
-"""A checkpoint taken right after an epoch's last batch resumes at the start of the next epoch, for every
-loader variant (issue 25, item 11: a loader over a user's ``batch_sampler`` resumed there as epoch 0 and
-handed out epoch 1's batches under it, so the loop ran one epoch too many).
+"""A checkpoint taken right after an epoch's last batch resumes between that epoch and the next, for every
+loader variant over the samplers users bring (issue 25, item 11 reported a loader over a user's
+``batch_sampler`` resuming there as epoch 0 with epoch 1's batches; this in-process matrix passes on the
+previous release too, so it guards the rule under the lifecycle change rather than reproducing that report).
 
-The loop is the README's (``for epoch in range(dl.epoch, EPOCHS)``); ``dl.epoch`` is a pure read that names
-the epoch the next pass reads, so the resumed loop's epochs and batches are the uninterrupted run's, with no
-epoch run twice or lost, whatever the sampler and the number of workers.
+The loop is the README's (``for epoch in range(dl.epoch, EPOCHS)``): the resumed loop re-enters the finished
+epoch (its empty rest, so the code after the inner loop runs once for it), then reads the next epochs: its
+epochs, batches and ``end_of_dataloader`` flags are the uninterrupted run's, with no epoch run twice or lost,
+whatever the sampler and the number of workers.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def run(loader, log, stop_at=None):
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("kind", ["shard", "fixed", "generator", "per-epoch"])
-def test_a_save_after_an_epochs_last_batch_resumes_at_the_next_epoch_with_every_batch_once(kind, world, workers):
+def test_a_save_after_an_epochs_last_batch_resumes_with_every_epoch_and_batch_once(kind, world, workers):
     for rank in range(world):
         reference = []
         run(make(kind, rank, world, 0), reference)
@@ -84,10 +86,6 @@ def test_a_save_after_an_epochs_last_batch_resumes_at_the_next_epoch_with_every_
             state = run(make(kind, rank, world, workers), log, stop_at=end)
             resumed = make(kind, rank, world, workers)
             resumed.load_state_dict(state)
-            assert resumed.epoch == log[-1][0] + 1 and resumed.batches_yielded == 0
             rest = []
             run(resumed, rest)
-            batches = [entry for entry in reference if entry[0] != "after"]
-            assert [e for e in log + rest if e[0] != "after"] == batches, f"rank {rank}, saved after {end} batches"
-            # Only the finished epoch's code after its inner loop does not run again (docs/lifecycle.md).
-            assert [e for e in rest if e[0] == "after"] == [e for e in reference if e[0] == "after"][log[-1][0] + 1:]
+            assert log + rest == reference, f"rank {rank}, saved after {end} batches"

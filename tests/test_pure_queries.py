@@ -7,7 +7,8 @@ others, seal that into a checkpoint, or sync gradients at another step. These te
 variant to every point of its lifecycle (not started, a pass open, a pass let go but not yet judged,
 exhausted, restored mid-epoch, restored between two epochs, an epoch's last batch taken) and check that
 every query leaves the loader, its pass records and Accelerate's ``GradientState`` exactly as they were,
-and that a program that queries a let-go pass trains on the same batches as one that does not.
+and that a program that queries a let-go pass trains on the same batches as one that does not. (The one
+documented exception, ``dl.epoch`` right after a resume between two epochs, is ``docs/lifecycle.md``'s.)
 """
 
 from __future__ import annotations

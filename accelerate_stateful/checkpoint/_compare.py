@@ -1,18 +1,14 @@
-"""What every process must share for a checkpoint to be sealed, and for it to be merged on another topology.
+"""What every process must share: for a checkpoint to be sealed, and for it to be merged on another topology.
 
-One comparison serves both: the save (``_in_step.settle``) compares every rank's current state with
-:func:`first_difference`, and the elastic merge (``DataLoaderAdapter.merge_rank_states``) compares the saved
-states with the same function. So a checkpoint the save sealed is one the merge accepts, and a set of states
-the merge would refuse is refused at the save, on every rank, naming what differs.
-
-Two parts:
-
-- **the point** (:func:`shared_point`): the epoch, the samples every process took, where the epoch was re-cut,
-  and the pass in progress (what was done on it, how many untrained passes came before it);
-- **what defines the data** (:func:`data_digest`): the shuffle seed, the loader's settings (batch size,
-  ``drop_last`` ...), and every setting of the composable sources (a ``Mixture``'s weights, a ``Packed``
-  source's ``seq_len`` ...), with each pass's weight schedule. Read from the objects, never by a collective
-  in ``next()``.
+- **What defines the data** (:func:`data_digest`): the shuffle seed, and every setting of the composable
+  sources (a ``Mixture``'s weights, a ``Packed`` source's ``seq_len`` ...), with each pass's weight schedule.
+  Read from the objects, never by a collective in ``next()``; compared by every save and load
+  (``_in_step.settle``), which refuses on every rank, naming what differs and the fix.
+- **The point** (:func:`shared_point`): the epoch, the samples every process took, where the epoch was
+  re-cut, and the pass in progress (where it began, whether it was trained). The elastic merge
+  (``DataLoaderAdapter.merge_rank_states``) compares the saved states with :func:`first_difference` and names
+  what differs. The save does not: a rank's share of a stream may end a batch before another's (uneven
+  shares), and such a checkpoint resumes exactly on the same number of processes.
 """
 
 from __future__ import annotations
@@ -51,10 +47,10 @@ def first_difference(points: Sequence[tuple]) -> Optional[tuple[int, str]]:
 
 def data_digest(loader: Any) -> list[tuple[str, Any, str]]:
     """``(what, value, fix)`` for everything that defines ``loader``'s data (see the module docstring)."""
+    # Not the loader's own settings (batch size, dataset length): a rank may read its own split of the data
+    # (``split_dataset_by_node``), and a rank whose settings differ from the checkpoint's is refused by the load.
     rows = [
         ("the shuffle seed", loader.seed, "seed the DataLoader's generator (or data_seed) the same on every process"),
-        ("the loader's settings", _plain(loader._config()),
-         "build the DataLoader with the same dataset, batch size and settings on every process"),
     ]
     for where, key, value in data_settings(loader.dataset):
         fix = ("call set_weights with the same weights on every process" if key == "weights" else
@@ -76,10 +72,6 @@ def data_refusal(digests: Sequence[list], call: str, index: int) -> Optional[str
             seen = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
             return f"{call} refused for loader {index}: {what} is not the same on every process ({seen}); {fix}"
     return None
-
-
-def _plain(config: Mapping[str, Any]) -> str:
-    return ", ".join(f"{key}={config[key]!r}" for key in sorted(config))
 
 
 def _comparable(state: Any, key: str) -> Any:

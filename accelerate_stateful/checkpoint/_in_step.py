@@ -11,9 +11,11 @@ point of its program; there each rank
    full collection costs tens of milliseconds in a large program;
 2. takes the verdict of every pass let go (``loaders._lifecycle``);
 3. gathers every rank's lifecycle digest (the epoch, the live pass, what was done on it and how many
-   batches it handed out; not the rank's position in its own share, which may be uneven), what defines each
-   loader's data (``_compare.data_digest``: seed, settings, a Mixture's weights), and the shared point the
-   elastic merge compares (``_compare.shared_point``, with the merge's own function).
+   batches it handed out; not the rank's position in its own share, which may be uneven), and what defines
+   each loader's data (``_compare.data_digest``: the seed, a Mixture's weights and schedule, every composable
+   source's settings). The processes' exact positions are compared by the elastic merge only
+   (``_compare.shared_point``): shares may be uneven (a stream per rank), and such a checkpoint resumes on the
+   same number of processes; on another, the merge names what differs.
 
 If they differ, every rank refuses, with what differs on each rank in words and the fix.
 """
@@ -25,7 +27,7 @@ from typing import Any, Sequence
 
 from ._checkpoints import agree
 from .._context import DistContext
-from ._compare import data_refusal, first_difference, shared_point
+from ._compare import data_refusal
 from ..errors import LifecycleError, UnsupportedConfigError
 
 
@@ -40,8 +42,7 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
         gc.collect()
     for loader in loaders:
         loader._has_live_pass()  # takes the pending verdict
-    digests = agree(ctx, lambda: [(loader._digest(), loader._data_digest(), shared_point(loader.state_dict()))
-                                  for loader in loaders])
+    digests = agree(ctx, lambda: [(loader._digest(), loader._data_digest()) for loader in loaders])
     everyone = ctx.all_gather(digests)
     for index in range(len(loaders)):
         refusal = data_refusal([rank_digests[index][1] for rank_digests in everyone], call, index)
@@ -56,15 +57,6 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
                 "a list, or an exception kept in a variable) or trains on other batches; let the iterator go on "
                 f"every process (or keep it on every process) before {call}, so that every process's loop is at "
                 "the same point"
-            )
-        differs = first_difference([rank_digests[index][2] for rank_digests in everyone])
-        if differs is not None:  # what the elastic merge would refuse (``_compare``), refused here with the cause
-            rank, what = differs
-            raise LifecycleError(
-                f"{call} refused: loader {index} is at different points on the processes ({what} differs between "
-                f"rank 0 and rank {rank}), so a checkpoint of it could not be resumed on another number of processes. "
-                "This happens when one process alone reads the loader and trains on it, or sets its epoch; make the "
-                f"same calls on the loader on every process before {call}"
             )
 
 

@@ -228,8 +228,8 @@ class StatefulTrainerMixin:
         batches = _length(loader)
         epoch, taken, between = loader._resume_point()
         if between:  # saved after the epoch's last batch: the Trainer counts the epoch done, the next one starts
-            loader.set_epoch(epoch)  # ``epoch`` is already the next one; this leaves the boundary
-            batches = None
+            loader.set_epoch(epoch + 1)
+            epoch, taken, batches = epoch + 1, 0, None
         self._resumed = _Resumed(epoch, taken, batches, saved_world)
         if self.accelerator.is_main_process:
             logger.info("resuming from %s: epoch %d, batch %d of this rank (nothing is skipped or replayed)",

@@ -75,12 +75,21 @@ class DataLoaderAdapter(Stateful):
     def epoch(self) -> int:
         """The epoch of the batches the live pass hands out; between passes, the epoch the next pass reads.
 
-        A pure read, like every query of a loader (``phase``, ``batches_yielded``, ``len``, ``repr``,
-        ``state_dict()``): asking changes nothing, so a line that runs on one process only (a log line) can
-        never make the processes decide differently. After a resume from a checkpoint taken right after an
-        epoch's last batch this is the next epoch (``docs/lifecycle.md``).
+        A pure read, like every other query of a loader (``phase``, ``batches_yielded``, ``len``, ``repr``,
+        ``state_dict()``): a pass the loop let go is judged at the loader's next event, never by a query. One
+        exception, kept from the design of resumes between two epochs: after a resume from a checkpoint taken
+        right after an epoch's last batch, this answers that finished epoch, and asking for it says the program
+        re-enters it, so the next pass is its empty rest and the code after the inner loop runs for it as in
+        the uninterrupted run (``docs/lifecycle.md``). Ask it on every process there (``range(dl.epoch, ...)``).
         """
-        return self._resume_point()[0]
+        live = self._life.live
+        if live is not None and live.complete:
+            return live.final[0]
+        boundary = self._life.boundary()
+        if boundary is not None and live is None:
+            self._life.enter_finished_epoch()
+            return boundary[0]
+        return self._epoch
 
     @property
     def phase(self) -> Phase:
@@ -102,18 +111,14 @@ class DataLoaderAdapter(Stateful):
         return self._resume_point()[1]
 
     def _resume_point(self) -> tuple[int, int, bool]:
-        """``(epoch, batches taken, between two epochs)`` as the loader reports them, committing nothing.
-
-        Between two epochs after a resume: the next epoch, none of its batches taken; once ``set_epoch`` re-entered
-        the finished epoch, that epoch with every batch taken.
-        """
+        """``(epoch, batches taken, between two epochs)`` as the loader reports them, committing nothing."""
         live = self._life.live
         if live is not None and live.complete:
             return live.final[0], live.final[1], False
         boundary = self._life.boundary()
-        if boundary is not None and live is None and self._life.reentered():  # set_epoch(finished epoch)
-            return boundary[0], boundary[1], False
-        return self._epoch, self._batches_taken(), boundary is not None and live is None
+        if boundary is not None and live is None:
+            return boundary[0], boundary[1], True
+        return self._epoch, self._batches_taken(), False
 
     def progress(self) -> Optional[float]:
         """The part of the current epoch already taken, from 0 to 1; ``None`` for a stream without a length."""

@@ -113,11 +113,11 @@ class Lifecycle:
         """After a resume between two epochs: ``(finished epoch, its batches)`` until the program moves on.
 
         A checkpoint taken after an epoch's last batch (inside the loop) resumes between that epoch and the
-        next. The loader reports the next epoch (a pure read), and its next pass reads it, unless an event
-        says the program re-enters the finished epoch: ``set_epoch`` with it (a loop that keeps its own epoch
-        counter), or the continuation of another loader's pass that was interrupted mid-epoch (the partner of
-        a ``zip``) before this pass's first batch. The pass is then that epoch's empty rest, so the code after
-        the inner loop runs as in the uninterrupted run.
+        next. The program re-enters the finished epoch, and its next pass is that epoch's empty rest (so the
+        code after its inner loop runs as in the uninterrupted run), when it asks ``dl.epoch`` (which answers
+        the finished epoch), calls ``set_epoch`` with it, or continues another loader's pass that was
+        interrupted mid-epoch (the partner of a ``zip``) before this pass's first batch. Otherwise (it counts
+        epochs itself, as ``step // len(dl)``) its next pass reads the next epoch.
         """
         pending = self.pending
         if pending is None or not pending.complete:
@@ -130,13 +130,9 @@ class Lifecycle:
         return taken if taken is not None else self._loader._all_taken()
 
     def enter_finished_epoch(self) -> None:
-        """``set_epoch(finished epoch)``: the program re-enters the finished epoch (see :meth:`boundary`)."""
+        """The program said it is in the finished epoch (see :meth:`boundary`)."""
         if self.boundary() is not None:
             self._in_finished_epoch = True
-
-    def reentered(self) -> bool:
-        """Whether ``set_epoch`` re-entered the finished epoch (see :meth:`boundary`)."""
-        return self._in_finished_epoch
 
     def leave_boundary(self) -> None:
         """``set_epoch``/``seek`` moved the loader: the saved pass will not be continued."""
@@ -194,6 +190,17 @@ class Lifecycle:
         record.begun = True
         self._loader._begin()
         return iter(()) if record.complete else self._loader._batches()
+
+    def _undo_to(self, origin: PassOrigin) -> None:
+        """Back to where a pass began (the phase included)."""
+        loader = self._loader
+        if origin.mark is None:
+            loader._epoch = origin.epoch
+            loader._rewind()
+        else:
+            loader._restore(origin.mark)
+            loader._epoch = origin.epoch
+        self.phase = Phase(origin.phase)
 
     def _rest_of_finished_epoch(self, record: PassRecord) -> None:
         """Between two epochs, the pass that re-enters the finished one: its rest, which is empty."""
@@ -267,14 +274,8 @@ class Lifecycle:
             loader._end_epoch()
             undone = False
         else:
-            origin = record.origin
-            if origin.mark is None:
-                loader._epoch = origin.epoch
-                loader._rewind()
-            else:
-                loader._restore(origin.mark)
-                loader._epoch = origin.epoch
-            self.phase, undone = Phase(origin.phase), True
+            self._undo_to(record.origin)
+            undone = True
         self._close(record, undone)
 
     def _close(self, record: PassRecord, undone: bool) -> None:
