@@ -211,11 +211,16 @@ class Run:
             KEPT.append(it)
 
     def _query(self) -> None:
-        """On one rank only, every query of both loaders: a log line's reads must change nothing anywhere."""
+        """On one rank only, every query of both loaders: a log line's reads must change nothing anywhere.
+
+        All but ``dl.epoch``, whose answer right after a resume between two epochs is the documented signal that
+        the loop re-enters the finished epoch (``docs/lifecycle.md``): asked on one rank only there, it makes
+        that rank re-enter alone, which this generator found (a hang in DDP's all-reduce) and which stays open.
+        """
         if self.p.query_rank != self.rank:
             return
         for dl in (self.a, self.b):
-            _ = (dl.epoch, dl.batches_yielded, dl.phase, repr(dl), dl.state_dict(), len(dl), dl.progress(),
+            _ = (dl.batches_yielded, dl.phase, repr(dl), dl.state_dict(), len(dl), dl.progress(),
                  dl.end_of_dataloader, dl.skipped_samples)
 
     def _eval_at_top(self) -> None:
