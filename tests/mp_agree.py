@@ -24,21 +24,7 @@ from accelerate_stateful import Accelerator
 from accelerate_stateful.errors import StatefulLoaderError, UnsupportedConfigError
 from accelerate_stateful.sources import Mixture
 import mp_harness_rank
-
-
-class Failed(Exception):
-    pass
-
-
-def check(condition: bool, what: str) -> None:
-    if not condition:
-        raise Failed(what)
-
-
-def everyone(value: Any) -> list:
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
+from mp_failures import Failed, check, everyone  # the one-rank-failure launch's helpers
 
 
 def make(**config: Any) -> Accelerator:
