@@ -35,12 +35,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     items[:] = launches + others
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """A ``save_state``/``load_state`` with a pass live collects garbage once (``checkpoint._in_step``); the
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A ``save_state``/``load_state`` with a pass open collects garbage once (``checkpoint._in_step``); the
     objects the imports made (torch, transformers: about 95 ms per full collection here) are set aside so that a
     collection scans what the tests create, and the many checkpoints the suite takes stay cheap."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def set_aside_what_earlier_modules_left():
+    """The same at the start of each test file, before its own fixtures: what the files before it imported
+    lazily (Accelerate's checkpoint code, torch's operators: tens of thousands of objects, 0.1 s and more per
+    collection) is set aside. What survives a collection here is what the process keeps for good."""
+    gc.collect()
+    gc.freeze()
+    yield
 
 
 @pytest.fixture(autouse=True)

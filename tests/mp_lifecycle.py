@@ -44,6 +44,8 @@ def main(out_dir: Path, first: int, count: int, refusals: int) -> None:
         found = programs.check(program, accelerator, root / f"p{program.seed}{'r' if program.refused else ''}", rank)
         results.append({"seed": program.seed, "refusal_expected": program.refused, "found": found,
                         "program": program.describe(), "seconds": round(time.perf_counter() - started, 2)})
+        gc.collect()
+        gc.freeze()  # what the first program imported lazily, set aside too (a save's collection scans the rest)
         (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
         if rank == 0:
             print(f"program {program.seed}{' (refusal)' if program.refused else ''}: "

@@ -39,9 +39,9 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
         call: The collective call being made, as the user wrote it (``accelerator.save_state()``), for messages.
     """
     if any(loader._has_open_pass() for loader in loaders):  # a program-order fact: every rank collects, or none
-        gc.collect()
+        gc.collect()  # once for every loader: a full collection costs in proportion to the whole heap
     for loader in loaders:
-        loader._has_live_pass()  # takes the pending verdict
+        loader._has_live_pass(collected=True)  # takes the pending verdict
     digests = agree(ctx, lambda: [(loader._digest(), loader._data_digest()) for loader in loaders])
     everyone = ctx.all_gather(digests)
     for index in range(len(loaders)):
@@ -61,8 +61,9 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
 
 
 def refuse_live(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
-    """Refuse a load on every rank if any rank still holds an iterator of a loader (after :func:`settle`)."""
-    live = [index for index, loader in enumerate(loaders) if loader._has_live_pass()]
+    """Refuse a load on every rank if any rank still holds an iterator of a loader (right after :func:`settle`,
+    whose collection it relies on)."""
+    live = [index for index, loader in enumerate(loaders) if loader._has_live_pass(collected=True)]
     everyone = ctx.all_gather(live)
     if any(everyone):
         where = ", ".join(f"rank {rank}: loader(s) {found}" for rank, found in enumerate(everyone) if found)

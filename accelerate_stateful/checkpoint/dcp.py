@@ -129,6 +129,7 @@ class LoaderCheckpoint(Stateful):
         """
         ctx = self._loaders[0].ctx
         states = agree(ctx, lambda: self._checked_states(state_dict))
+        _in_step.settle(ctx, self._loaders, "LoaderCheckpoint.load_state_dict()")
         _in_step.refuse_live(ctx, self._loaders, "LoaderCheckpoint.load_state_dict()")
 
         def restore() -> None:

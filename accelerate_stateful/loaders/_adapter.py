@@ -358,8 +358,8 @@ class DataLoaderAdapter(Stateful):
         when a checkpoint is taken or loaded (``checkpoint._in_step``, ``checkpoint._compare``)."""
         return _compare.data_digest(self)
 
-    def _has_live_pass(self) -> bool:
-        return self._life.is_live()
+    def _has_live_pass(self, collected: bool = False) -> bool:
+        return self._life.is_live(collected)
 
     def _has_open_pass(self) -> bool:
         return self._life.has_open_pass()

@@ -92,14 +92,18 @@ class Lifecycle:
         """
         return self.live is not None
 
-    def is_live(self) -> bool:
+    def is_live(self, collected: bool = False) -> bool:
         """Whether the program still reaches an iterator of this loader's pass that has not ended.
 
         Reachable, not merely not yet collected: while a pass is open (a program-order fact, so every rank
         collects at the same point) garbage is collected first, so an iterator only a reference cycle keeps
         (an exception kept in a variable) is let go, and the answer is the same on every rank.
+
+        Args:
+            collected: The caller collected garbage at this event already (a checkpoint's save or load
+                collects once for all of its loaders: one full collection, not one per loader).
         """
-        if self.live is not None:
+        if self.live is not None and not collected:
             gc.collect()
         self.settle()
         return self.live is not None
