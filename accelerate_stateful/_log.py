@@ -28,8 +28,21 @@ def get_logger(name: str) -> PackageLogger:
     return PackageLogger(logging.getLogger(name), {})
 
 
-def main_process_logger(name: str) -> PackageLogger:
-    """Accelerate's logger of module ``name``: the main process alone logs (once an Accelerator exists)."""
+class MainProcessLogger(PackageLogger):
+    """Accelerate's logger (the main process alone logs); in a process without an Accelerator, this one logs."""
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        from accelerate.state import is_initialized
+
+        if is_initialized():
+            super().log(level, msg, *args, **kwargs)
+        else:  # Accelerate's logger would raise: a loader used alone speaks for its process
+            kwargs.pop("main_process_only", None)
+            PackageLogger(self.logger.logger, {}).log(level, msg, *args, **kwargs)
+
+
+def main_process_logger(name: str) -> MainProcessLogger:
+    """Accelerate's logger of module ``name``: the main process alone logs (where an Accelerator exists)."""
     from accelerate.logging import get_logger  # imports torch: only where an Accelerator runs
 
-    return PackageLogger(get_logger(name), {})
+    return MainProcessLogger(get_logger(name), {})
