@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
@@ -11,6 +10,8 @@ import accelerate
 from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader, IterableDataset
 
+from . import _lines
+from . import _log
 from . import _teardown
 from .training import _accumulation
 from .checkpoint import _checkpoints
@@ -33,7 +34,7 @@ from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
 from .loaders.shard import ShardDataLoader
 from .loaders.skip import SkipDataLoader
 
-logger = logging.getLogger(__name__)
+logger = _log.main_process_logger(__name__)
 
 PathLike = Union[str, Path]
 
@@ -74,6 +75,7 @@ class Accelerator(accelerate.Accelerator):
         self.pipeline_rng = pipeline_rng
         self.carry_gradients = carry_gradients
         self._preemption_requests: list[_preemption.StepEndCheckpoint] = []
+        self._untracked_seen = _training.untracked_events()  # training on unprepared loaders: said once
         super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
@@ -189,8 +191,9 @@ class Accelerator(accelerate.Accelerator):
         _checkpoints.seal(ctx, output_dir, num_loaders=len(loaders), entries=entries, root=root,
                           keep=config.total_limit)
         line = carry and _accumulation.size_line(carry.sizes, output_dir)
-        if line and self.is_main_process:
+        if line:
             logger.warning(line)
+        self._say_untracked_training(output_dir)
         if number is not None:
             config.iteration = number + 1
         return output_dir
@@ -249,10 +252,13 @@ class Accelerator(accelerate.Accelerator):
             return Path(checkpoint_root) if checkpoint_root is not None else self._checkpoint_root()
 
         self._ready_to_load(ctx, "accelerator.resume()")
-        found = _stock.newest_to_resume(ctx, _checkpoints.agree(ctx, root))
+        folder = _checkpoints.agree(ctx, root)
+        found = _stock.newest_to_resume(ctx, folder)
         if found is None:
             for loader in self.stateful_loaders:
                 loader._anchor()
+            logger.warning(_lines.fresh_start_line(folder, "resume(checkpoint_root=...)" if checkpoint_root is not None
+                                                    else "ProjectConfiguration(project_dir=...)"))
             return None
         if found[1] is None:
             self._load_stock(ctx, found[0])
@@ -300,6 +306,14 @@ class Accelerator(accelerate.Accelerator):
         _in_step.settle(ctx, self.stateful_loaders, call)
         _in_step.refuse_live(ctx, self.stateful_loaders, call)
 
+    def _say_untracked_training(self, output_dir: Path) -> None:
+        """Once per run: the model was trained on batches no prepared loader handed out (``_lines``)."""
+        if self._untracked_seen is None or _training.untracked_events() == self._untracked_seen:
+            return
+        self._untracked_seen = None
+        if all(isinstance(dl, DataLoaderAdapter) for dl in self._dataloaders):  # else Accelerate's: said at prepare
+            logger.warning(_lines.untracked_training_line(output_dir))
+
     def _refuse_before_prepare(self) -> None:
         if not (self._models or self._optimizers or self._schedulers or self._dataloaders):
             raise LifecycleError(
@@ -312,6 +326,7 @@ class Accelerator(accelerate.Accelerator):
         where its loader states say (``checkpoint/_stock.py``); the folder is left as it is."""
         loaders = self.stateful_loaders
         positions = _stock.check(ctx, folder, loaders)
+        unnumbered = _stock.unnumbered(loaders)
 
         def accelerate_load() -> None:
             with self._accelerate_view():
@@ -323,8 +338,8 @@ class Accelerator(accelerate.Accelerator):
         config = self.project_configuration
         if number is not None and config.automatic_checkpoint_naming:
             config.iteration = max(config.iteration, number + 1)
-        if self.is_main_process:
-            logger.warning(_stock.resume_line(folder, self.step, said, config.iteration))
+        logger.warning(_stock.resume_line(folder, _stock.restored_parts(self), self.step, said, unnumbered,
+                                          config.iteration))
         return folder
 
     def _unwrapped_models(self) -> list:
@@ -356,9 +371,8 @@ class Accelerator(accelerate.Accelerator):
             for loader, state in zip(loaders, states):
                 loader.load_state_dict(state)
             _accumulation.restore_gradients(grads, self._unwrapped_models())
-            if self.is_main_process:
-                for index, (loader, state) in enumerate(zip(loaders, states)):
-                    _log_resume(index, loader, state, checkpoint)
+            for index, (loader, state) in enumerate(zip(loaders, states)):
+                _lines.log_resume(index, loader, state, checkpoint)  # the main process's line: once per run
 
         _checkpoints.agree(ctx, accelerate_load)
         if manifest["world_size"] != self.num_processes:
@@ -380,25 +394,3 @@ class Accelerator(accelerate.Accelerator):
         finally:
             self._dataloaders, config.automatic_checkpoint_naming = saved
 
-
-def _log_resume(index: int, loader: DataLoaderAdapter, state: dict, source: Path) -> None:
-    """One line saying where the loader resumes, and the change of topology it handles."""
-    epoch, taken, between = loader._resume_point()
-    done = 1.0 if between else loader.progress()
-    progress = f"batch {taken}" if done is None else f"{100 * done:.1f}%"
-    now = f"{loader.ctx.world_size} ranks x {loader.num_workers} workers"
-    saved = state["topology"]
-    was = f"{saved.get('world_size')} x {saved.get('num_workers')}"
-    changes = "" if was == f"{loader.ctx.world_size} x {loader.num_workers}" else f" (was {was})"
-    batch = loader._batch_change(state)
-    if batch is not None:
-        changes += f" with batch_size={batch[1]} (was {batch[0]})"
-    skipped = ", ".join(f"[{start}, {stop}) of epoch {e}" for e, start, stop in loader.skipped_samples if e >= epoch)
-    if skipped:
-        changes += f", leaving out samples {skipped},"
-    if not changes:
-        logger.info("loader %d: resuming epoch %d at %s on %s (%s)", index, epoch, progress, now, source)
-    else:
-        logger.warning(
-            "loader %d: resuming epoch %d at %s on %s%s from %s", index, epoch, progress, now, changes, source
-        )

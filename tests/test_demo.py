@@ -102,7 +102,8 @@ N, NEW_WORLD, LAST_EPOCH = 23, 3, 2  # epochs 0..2; the checkpoint is 2 steps in
 OLD_STEPS = -(-N // (BATCH * WORLD))  # 4 steps of 6 samples per epoch on 2 ranks
 CONSUMED = 2 * BATCH * WORLD  # 12 of epoch 1's 23 samples taken before the checkpoint
 CHECKPOINT = _elastic.Checkpoint("checkpoint_1", epoch=1, consumed=CONSUMED, world=WORLD, workers=2, num_samples=N)
-TOPOLOGY_LOG = ("[accelerate_stateful.accelerator] WARNING: loader 0: resuming epoch 1 at 52.2% on 3 ranks x 1 "
+TOPOLOGY_LOG = ("[accelerate_stateful._lines] WARNING: [RANK 0] accelerate-stateful: loader 0: resuming epoch 1 at "
+                "52.2% on 3 ranks x 1 "
                 "workers (was 2 x 2) from runs/checkpoints/checkpoint_1")
 
 
@@ -241,5 +242,5 @@ def test_demo_kills_a_two_process_run_twice_and_it_resumes_identically_and_on_th
     assert demo_run.returncode == 0, output
     assert "IDENTICAL" in output
     assert "ELASTIC OK" in output
-    assert "WARNING: loader 0: resuming epoch 0 at" in output  # the package's line about the new topology
+    assert "WARNING: [RANK 0] accelerate-stateful: loader 0: resuming epoch 0 at" in output  # the package's line about the new topology
     assert "NOT DETECTED" not in output

@@ -55,6 +55,8 @@ NOT_DRAWN: dict[str, str] = {
     "__main__.py": "runs the command line (cli/), which reads checkpoints through checkpoint/",
     "transformers.py": "public import path of integrations/transformers.py",
     "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",
+    "_log.py": "every module's logger: lines that name the package, Accelerate's main-process logger",
+    "_lines.py": "the lines a run prints once: where it resumed, a fresh start, data no checkpoint holds",
     "loaders/_passes.py": "a pass: the iterator the loop holds, the record the loader judges it by; " + _PLUMBING,
     "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
     "loaders/_broadcast.py": "the dispatcher's one broadcast per step (a batch, the end, or the reader's error); "

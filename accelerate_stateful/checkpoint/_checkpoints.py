@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import math
 import os
 import pickle
@@ -42,12 +41,13 @@ from typing import Any, Callable, Optional, TypeVar
 
 import torch.distributed as dist
 
+from .. import _log
 from . import _files
 from . import _ownership
 from .._context import DistContext, package_timeout
 from ..errors import CheckpointError, UnsupportedConfigError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 T = TypeVar("T")
 ENTRY_TIMEOUT_ENV = "ACCELERATE_STATEFUL_ENTRY_TIMEOUT"

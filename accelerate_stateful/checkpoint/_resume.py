@@ -15,7 +15,6 @@ A step that can fail runs under :func:`_checkpoints.agree`, so every rank raises
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, Optional, Sequence
 from accelerate.utils import RNG_STATE_NAME
 from accelerate.utils import load as accelerate_load
 
+from .. import _log
 from . import _files
 from . import _refusals
 from . import _state as S
@@ -32,7 +32,7 @@ from .._context import DistContext
 from ._versions import UnknownVersionError
 from ..errors import CheckpointError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 
 def locate(ctx: DistContext, input_dir: Any, root: Optional[Path]) -> tuple[Path, dict]:

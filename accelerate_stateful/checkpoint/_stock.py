@@ -18,7 +18,6 @@ writes last; it is never written into nor removed.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Optional, Sequence
 from accelerate.utils import RNG_STATE_NAME
 from accelerate.utils import load as accelerate_load
 
+from .. import _log
 from . import _files
 from . import _ownership
 from . import _resume
@@ -34,7 +34,7 @@ from ._checkpoints import agree, same_everywhere
 from .._context import DistContext
 from ..errors import CheckpointError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 _RNG_FILE = re.compile(rf"^{RNG_STATE_NAME}_(\d+)\.pkl$")
 SKIP_RECIPE = "accelerator.skip_first_batches(train_dl, n)"
@@ -69,19 +69,43 @@ def newest(ctx: DistContext, root: Path) -> Optional[Path]:
     if ctx.is_main:
         for path in _ownership.foreign_among(_files.numbered_checkpoints(root)):
             if found is None or _files.checkpoint_number(path) > _files.checkpoint_number(found):
-                logger.warning("skipping %s: accelerate-stateful did not write it, and it is not a checkpoint that "
+                logger.warning("skipping %s: this package did not write it, and it is not a checkpoint that "
                                "stock Accelerate completed on every process (no %s_<rank>.pkl); it is left as it "
                                "is", path, RNG_STATE_NAME)
     return found
 
 
-def resume_line(folder: Path, step: int, said: Sequence[str], next_number: int) -> str:
-    """The one line that says what a resume from a stock checkpoint restored, and from where."""
+def resume_line(folder: Path, restored: str, step: int, said: Sequence[str], unnumbered: Sequence[int],
+                next_number: int) -> str:
+    """The one line that says what a resume from a stock checkpoint restored, and from where.
+
+    ``restored`` names what Accelerate's ``load_state`` loaded (:func:`restored_parts`); ``unnumbered`` are the
+    loaders whose epoch the script did not set before ``resume()``: only they get the advice to.
+    """
     loaders = "; ".join(said) if said else "no stateful loader prepared"
-    return (f"resumed from {folder}, a checkpoint of stock Accelerate (left as it is): model, optimizer, scheduler, "
-            f"random states and step ({step}) through Accelerate's load_state; {loaders} (a stock checkpoint "
-            f"records no epoch: the loader counts its own, set_epoch(e) before resume() numbers it); the next save "
-            f"is checkpoint_{next_number}")
+    epoch = ""
+    if unnumbered:
+        which = ", ".join(f"loader {i}" for i in unnumbered)
+        epoch = (f" (a stock checkpoint records no epoch: {which} counted it from 0 in this process; if your script "
+                 "numbers epochs, call train_dl.set_epoch(e) before resume(): a set_epoch() of another epoch after "
+                 "it starts that epoch at its first batch)")
+    return (f"resumed from {folder}, a checkpoint of stock Accelerate (left as it is): {restored} and step ({step}) "
+            f"through Accelerate's load_state; {loaders}{epoch}; the next save is checkpoint_{next_number}")
+
+
+def restored_parts(accelerator: Any) -> str:
+    """What Accelerate's ``load_state`` restores for ``accelerator``: the objects it prepared, and random states."""
+    counts = [("model", len(accelerator._models)), ("optimizer", len(accelerator._optimizers)),
+              ("scheduler", len(accelerator._schedulers)), ("registered object", len(accelerator._custom_objects))]
+    parts = [name if n == 1 else f"{n} {name}s" for name, n in counts if n]
+    if accelerator.scaler is not None:
+        parts.append("gradient scaler")
+    return ", ".join(parts + ["random states"])
+
+
+def unnumbered(loaders: Sequence[Any]) -> list[int]:
+    """The loaders whose epoch the script has not set (``set_epoch``) in this process."""
+    return [index for index, loader in enumerate(loaders) if not loader._epoch_set]
 
 
 def agreed_is_stock(ctx: DistContext, folder: Any) -> bool:

@@ -8,7 +8,6 @@ files on one process, inside ``_checkpoints.agree``: an error there raises, with
 
 from __future__ import annotations
 
-import logging
 import re
 import shutil
 from pathlib import Path
@@ -16,12 +15,13 @@ from typing import Optional, Union
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .. import _log
 from .._context import DistContext
 from ..checkpoint import _checkpoints
 from ..checkpoint import _files
 from ..checkpoint import _ownership
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 

@@ -10,17 +10,17 @@ checkpoint it writes from then on is its own. The stock folder is never removed,
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any, Optional
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .. import _log
 from ..checkpoint import _ownership
 from ..checkpoint._stock import order_note
 from ._trainer_checkpoints import checkpoint_step
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 TRAINER_STATE = "trainer_state.json"
 

@@ -19,7 +19,6 @@ supported versions when a transformers release changes them.
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -28,6 +27,8 @@ import transformers
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .. import _lines
+from .. import _log
 from ..checkpoint import _checkpoints
 from ..checkpoint import _files
 from ..checkpoint import _in_step
@@ -41,7 +42,7 @@ from ._trainer_compat import SUPPORTED_TRANSFORMERS, check_transformers, hf_trai
 from ..accelerator import Accelerator
 from ..errors import StatefulLoaderError, UnsupportedConfigError
 
-logger = logging.getLogger(__name__)
+logger = _log.main_process_logger(__name__)
 
 
 class _TrainerAccelerator(Accelerator):
@@ -162,8 +163,7 @@ class StatefulTrainerMixin:
             self._train_loader.set_epoch(counters[0])
             self._train_loader.seek(counters[1])
             self._resumed = _Resumed(*counters, None, self.accelerator.num_processes)
-            if self.accelerator.is_main_process:
-                logger.warning(_trainer_stock.resume_line(self._resume_dir, *counters, self._train_loader))
+            logger.warning(_trainer_stock.resume_line(self._resume_dir, *counters, self._train_loader))
         if self._resumed is None:
             return counters
         # The loader owns the position: the Trainer continues from its epoch and batch, skipping nothing.
@@ -210,7 +210,7 @@ class StatefulTrainerMixin:
             is_stock = stock is not None and latest == stock
             agreed, self._resume_stock = ctx.broadcast((None if latest is None else str(latest), is_stock))
             if agreed is None:
-                logger.info("no complete checkpoint under %s: starting a fresh run", self.args.output_dir)
+                logger.warning(_lines.fresh_start_line(Path(self.args.output_dir), "TrainingArguments(output_dir=...)"))
             return None if agreed is None else Path(agreed)
         path = Path(resume_from_checkpoint)
         self._resume_stock = _trainer_stock.stock_step(path) is not None
@@ -231,9 +231,8 @@ class StatefulTrainerMixin:
             loader.set_epoch(epoch + 1)
             epoch, taken, batches = epoch + 1, 0, None
         self._resumed = _Resumed(epoch, taken, batches, saved_world)
-        if self.accelerator.is_main_process:
-            logger.info("resuming from %s: epoch %d, batch %d of this rank (nothing is skipped or replayed)",
-                        checkpoint, epoch, taken)
+        logger.warning("resuming from %s: epoch %d, batch %d of this rank (nothing is skipped or replayed)",
+                       checkpoint, epoch, taken)
 
     def _rescaled_values(self, values: tuple) -> tuple:
         """The run's counts after a resume on another number of processes (map-style data).

@@ -45,6 +45,8 @@ class DataLoaderAdapter(Stateful):
     trained on it; the verdict follows program order, never the garbage collector (``_lifecycle``).
     """
 
+    _epoch_set = False  # whether the program called set_epoch() in this process
+
     mode: ClassVar[str] = "abstract"
 
     def __init__(
@@ -162,6 +164,7 @@ class DataLoaderAdapter(Stateful):
         Between two epochs after a resume, either of them changes nothing: the finished one re-enters it
         (the next pass is its empty rest), the next one moves on.
         """
+        self._epoch_set = True  # the program numbers the epochs (a stock resume's line then says nothing of it)
         self._life.settle()
         boundary = self._life.boundary()
         if boundary is not None and epoch == boundary[0] and self._life.live is None:

@@ -16,12 +16,13 @@ scenario launches in three runs of the suite on 3.11.7 lost a worker that way.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import sys
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from .. import _log
+
+logger = _log.get_logger(__name__)
 
 # The first patch release of each affected minor version that carries the fix; 3.12 and later never had it.
 FIXED_IN = {(3, 8): 20, (3, 9): 20, (3, 10): 15, (3, 11): 10}

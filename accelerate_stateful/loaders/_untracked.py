@@ -13,17 +13,17 @@ and the refusal says the fix.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sized
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from .. import _log
 from .batchsampler import uses_batch_sampler
 from .._context import DistContext
 from ..errors import UnsupportedConfigError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 
 def leave_to_accelerate(data_loader: Any, ctx: DistContext) -> bool:
@@ -49,7 +49,7 @@ def leave_to_accelerate(data_loader: Any, ctx: DistContext) -> bool:
         return False
     if ctx.is_main:
         logger.warning(
-            "accelerate-stateful does not record the position of this DataLoader (%s), so Accelerate prepares "
+            "this package does not record the position of this DataLoader (%s), so Accelerate prepares "
             "it, as without this package: save_state(), load_state() and resume() keep for it only what "
             "Accelerate keeps (with use_stateful_dataloader=True, torchdata's state in dl_state_dict*.bin), "
             "without this package's checks, its exact resume or a resume on another number of processes. "

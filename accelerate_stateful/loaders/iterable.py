@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterator, Mapping, Optional
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
+from .. import _log
 from ..checkpoint import _state as S
 from ._adapter import DataLoaderAdapter
 from .._context import DistContext
@@ -25,7 +25,7 @@ from ..sources._global import GlobalStream
 from ..sources.sharded import LogicalShardStream, ShardedSource, merge_positions
 from ..errors import UnsupportedConfigError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 STREAM = S.STREAM
 _WORKER_SALT = 0x5EED

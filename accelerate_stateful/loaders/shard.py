@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any, Iterator, Mapping, Optional, Sized
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
+from .. import _log
 from ..checkpoint import _state as S
 from ._adapter import DataLoaderAdapter
 from .._context import DistContext
@@ -23,7 +23,7 @@ from ..checkpoint import _refusals
 from ..position._saved import check_saved_steps, check_saved_topology, shard_plan
 from ..errors import UnsupportedConfigError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 # DataLoader settings carried from the user's loader to the base loader, by name.
 LOADER_SETTINGS = (

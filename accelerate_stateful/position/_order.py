@@ -6,18 +6,18 @@ The order never depends on the global RNG (which Accelerate restores in
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional, Sized
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
 
+from .. import _log
 from .._context import DistContext
 from ..training._rng import preserved_globals, seed_globals
 from ._sampler_rng import drawn_twice, reseed, user_seed
 from ._seeds import mix_seed
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 
 def generator_for(seed: int, *salts: int) -> torch.Generator:

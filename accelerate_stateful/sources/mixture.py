@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import copy
-import logging
 from typing import Any, Callable, Mapping, Optional
 
 from torch.utils.data import get_worker_info
 
+from .. import _log
 from ._global import GlobalStream, check_child, check_source, open_source
 from ._mixture_draw import Table, check_weights, draw_key, extend, in_effect, same_weights, uniform
 from ._mixture_state import checked_position, mixture_positions, schedule_of, show_weights, start_position
 from ..errors import UnsupportedConfigError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 STOP, RESTART = "stop", "restart"
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import logging
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate
 
+from .. import _log
 from ..checkpoint import _state as S
 from ..loaders._adapter import DataLoaderAdapter
 from .._context import DistContext
@@ -17,7 +17,7 @@ from ..loaders._workerinit import ShowingWorkerInit
 from ..loaders._snapshot import DatasetPosition, is_stateful, set_epoch, unpack
 from ..errors import StatefulLoaderError, UnsupportedConfigError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 SOURCE = S.SOURCE
 _SETTINGS = ("num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",

@@ -18,17 +18,17 @@ The rule: after loading a checkpoint written on another number of processes,
 
 from __future__ import annotations
 
-import logging
 import random
 from typing import Any
 
 import numpy as np
 import torch
 
+from .. import _log
 from .._context import DistContext
 from ..position._order import mix_seed
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 
 def agree_after_elastic_load(accelerator: Any, saved_world: int, checkpoint: Any) -> None:

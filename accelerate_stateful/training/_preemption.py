@@ -36,7 +36,6 @@ After the checkpoint is complete the process exits with
 from __future__ import annotations
 
 import functools
-import logging
 import signal
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -44,12 +43,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from .. import _log
 from ..errors import UnsupportedConfigError
 
 if TYPE_CHECKING:
     from ..accelerator import Accelerator
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 PREEMPTION_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM: "stopped because it was asked to".

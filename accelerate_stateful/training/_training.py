@@ -35,6 +35,7 @@ class Marked(Protocol):
 
 _current: list = []  # the current passes, in the order they became current
 _serial = 0
+_untracked = 0  # training events while no pass was current: batches from a loader this package does not see
 _hooked = False
 _WATCHED = "_accelerate_stateful_watched"
 
@@ -62,9 +63,17 @@ def ended(record: Marked) -> None:
 
 
 def note_trained(*_: Any) -> None:
-    """A training event: every current pass was trained."""
+    """A training event: every current pass was trained (with none current, the batches came from elsewhere)."""
+    global _untracked
+    if not _current:
+        _untracked += 1
     for record in _current:
         record.trained = True
+
+
+def untracked_events() -> int:
+    """How many training events so far in this process came while no prepared loader's pass was current."""
+    return _untracked
 
 
 def install() -> None:
