@@ -26,9 +26,12 @@ import gc
 from typing import Any, Sequence
 
 from ._checkpoints import agree
+from .._log import get_logger
 from .._context import DistContext
 from ._compare import data_refusal
 from ..errors import LifecycleError, UnsupportedConfigError
+
+logger = get_logger(__name__)
 
 
 def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
@@ -40,8 +43,9 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
     """
     if any(loader._has_open_pass() for loader in loaders):  # a program-order fact: every rank collects, or none
         gc.collect()  # once for every loader: a full collection costs in proportion to the whole heap
-    for loader in loaders:
-        loader._has_live_pass(collected=True)  # takes the pending verdict
+    for index, loader in enumerate(loaders):
+        if loader._has_live_pass(collected=True):  # takes the pending verdict
+            _say_who_holds(ctx, index, loader, call)
     digests = agree(ctx, lambda: [(loader._digest(), loader._data_digest()) for loader in loaders])
     everyone = ctx.all_gather(digests)
     for index in range(len(loaders)):
@@ -58,6 +62,19 @@ def settle(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:
                 f"every process (or keep it on every process) before {call}, so that every process's loop is at "
                 "the same point"
             )
+
+
+def _say_who_holds(ctx: DistContext, index: int, loader: Any, call: str) -> None:
+    """A warning where a live pass is held only through a kept exception's traceback (``loaders._holders``)."""
+    holder = loader._life.held_through_a_traceback()
+    if holder is not None:
+        logger.warning(
+            "rank %d: at %s, loader %d's pass is live: its iterator is still held by %s, a frame that an "
+            "exception kept in a variable or attribute holds through its traceback. The checkpoint records the "
+            "pass as live, so a resumed run continues it where this run's next iter() starts the next epoch. If "
+            "the loop let that iterator go, drop the exception (or its __traceback__) before %s",
+            ctx.rank, call, index, holder, call,
+        )
 
 
 def refuse_live(ctx: DistContext, loaders: Sequence[Any], call: str) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ..training import _training
+from . import _holders
 from ._passes import PASS, Kind, PassHandle, PassOrigin, PassRecord, Phase, check_entry
 
 if TYPE_CHECKING:
@@ -107,6 +108,12 @@ class Lifecycle:
             gc.collect()
         self.settle()
         return self.live is not None
+
+    def held_through_a_traceback(self) -> Optional[str]:
+        """Where the live pass's iterator is held only by a finished frame a kept exception keeps (a query;
+        ``_holders``), in words; ``None`` otherwise."""
+        handle = self._handle() if self._handle is not None else None
+        return None if handle is None else _holders.kept_by_a_traceback(handle)
 
     def anchor(self) -> None:
         """Start counting the program's untrained passes anew (at prepare, a load, a resume that found nothing)."""
