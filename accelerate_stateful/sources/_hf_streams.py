@@ -18,7 +18,9 @@ import json
 from typing import Any, Optional
 
 from datasets import IterableDataset as HFIterable
-from datasets.iterable_dataset import BufferShuffledExamplesIterable, _BaseExamplesIterable
+from datasets.iterable_dataset import (BufferShuffledExamplesIterable, FilteredExamplesIterable,
+                                       FormattedExamplesIterable, RebatchedArrowExamplesIterable,
+                                       _BaseExamplesIterable)
 
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._global import Cursor, GlobalStream, hidden_worker_info
@@ -29,13 +31,15 @@ _KEY = "exact_shuffle"  # the buffer's position inside datasets' own state tree
 
 def exact_stream(dataset: Any) -> Any:
     """What the loader reads for ``dataset``: an :class:`HFStream` for a ``datasets.IterableDataset`` with a
-    shuffle buffer anywhere in its pipeline, else ``dataset`` itself (its own state resumes it exactly).
+    shuffle buffer or a table-reading ``filter()`` anywhere in its pipeline, else ``dataset`` itself (its own
+    state resumes it exactly).
 
     Raises:
         UnsupportedConfigError: the pipeline has a shuffle buffer that cannot be replayed exactly (see
             :class:`HFStream`).
     """
-    if not isinstance(dataset, HFIterable) or not _buffers(dataset._ex_iterable):
+    if not isinstance(dataset, HFIterable) or not (_buffers(dataset._ex_iterable)
+                                                   or _table_filters(dataset._ex_iterable)):
         return dataset
     return HFStream(dataset)
 
@@ -57,7 +61,7 @@ class HFStream(GlobalStream):
     def __init__(self, dataset: HFIterable) -> None:
         _refuse_what_cannot_be_replayed(dataset)
         self.dataset = dataset
-        self._generators = _digest(_buffers(dataset._ex_iterable))
+        self._generators = _digest(dataset._ex_iterable)
 
     def settings(self) -> dict[str, Any]:
         return {"shuffle generators": self._generators}
@@ -183,18 +187,49 @@ def _buffers(node: Any) -> list:
     return found
 
 
+def _table_filters(node: Any) -> list:
+    """The non-batched ``filter()`` steps that read their input by whole Arrow tables (datasets#8359, fixed in
+    datasets 5.2): such a filter saves the input's position at the end of the table it is reading, so a resume
+    skips the rest of that table."""
+    found = []
+    if isinstance(node, FilteredExamplesIterable) and not node.batched:
+        formatted = node.ex_iterable
+        if (isinstance(formatted, FormattedExamplesIterable) and formatted.ex_iterable.iter_arrow
+                and not isinstance(formatted.ex_iterable, RebatchedArrowExamplesIterable)):
+            found.append(formatted)
+    for child in _children(node):
+        found += _table_filters(child)
+    return found
+
+
 def _with_exact_buffers(node: Any) -> Any:
-    """``node`` (a private copy) with every shuffle buffer, at any depth, played by an :class:`_ExactBuffer`."""
+    """``node`` (a private copy) with every shuffle buffer, at any depth, played by an :class:`_ExactBuffer`, and
+    every table-reading filter given its input one row at a time (the upstream fix of datasets#8359)."""
+    for formatted in _table_filters(node):
+        formatted.ex_iterable = RebatchedArrowExamplesIterable(formatted.ex_iterable, batch_size=1)
+    return _exact_buffers(node)
+
+
+def _exact_buffers(node: Any) -> Any:
     if hasattr(node, "ex_iterables"):
-        node.ex_iterables = [_with_exact_buffers(child) for child in node.ex_iterables]
+        node.ex_iterables = [_exact_buffers(child) for child in node.ex_iterables]
     elif getattr(node, "ex_iterable", None) is not None:
-        node.ex_iterable = _with_exact_buffers(node.ex_iterable)
+        node.ex_iterable = _exact_buffers(node.ex_iterable)
     return _ExactBuffer(node) if isinstance(node, BufferShuffledExamplesIterable) else node
 
 
-def _digest(buffers: list) -> str:
-    """The buffers' sizes and generator states: the same for a dataset built the same way with a seed."""
-    drawn = [[b.buffer_size, b.generator.bit_generator.state] for b in buffers]
+def _generators(node: Any) -> list:
+    """The states of the generators in a pipeline (shuffle buffers, ``interleave_datasets``' draws), top first."""
+    generator = getattr(node, "generator", None)
+    found = [generator.bit_generator.state] if generator is not None else []
+    for child in _children(node):
+        found += _generators(child)
+    return found
+
+
+def _digest(node: Any) -> str:
+    """The pipeline's generators: the same for a dataset built the same way with its seeds."""
+    drawn = _generators(node)
     return hashlib.sha256(json.dumps(drawn, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
