@@ -2,8 +2,8 @@
 
 ``ds.shuffle(seed=..., buffer_size=...).map(tokenize)``, alone, filtered, cut with ``skip``/``take`` or
 through ``interleave_datasets``: the loader recognises the shuffle buffer at prepare and reads the dataset
-with each buffer replayed exactly (``sources/_hf_streams``). Ranks are simulated in one process; real
-processes (2 and 3, workers 0 and 2) in ``tests/test_hf_streams_as_written_mp.py``.
+with each buffer replayed exactly (``sources/_hf_streams``). Ranks are simulated in one process (no
+real multi-process launch covers these pipelines yet).
 """
 
 from __future__ import annotations
