@@ -168,6 +168,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             dataset, sliced = LogicalShardStream(dataloader.dataset, ctx.world_size, ctx.rank), False
         else:
             dataset, sliced = shard_hf_iterable(dataloader.dataset, ctx, split_batches)
+            dataset = _exact_hf_stream(dataset)
         seed, seed_source = choose_seed(dataloader, data_seed, ctx)
         settings = {name: getattr(dataloader, name) for name in _BASE_SETTINGS if hasattr(dataloader, name)}
         return cls(
@@ -459,6 +460,15 @@ class IterableShardDataLoader(DataLoaderAdapter):
             "skip_first_batches cannot move an iterable dataset without reading it; resume with "
             "accelerator.load_state()/resume(), which restores the stream's position instead"
         )
+
+
+def _exact_hf_stream(dataset: Any) -> Any:
+    """A ``datasets.IterableDataset`` with a shuffle buffer, read so that it resumes exactly (``sources._hf_streams``)."""
+    if not type(dataset).__module__.startswith("datasets"):
+        return dataset  # datasets is not imported for a dataset that is not one of its own
+    from ..sources._hf_streams import exact_stream
+
+    return exact_stream(dataset)
 
 
 def shard_hf_iterable(dataset: Any, ctx: DistContext, split_batches: bool) -> tuple[Any, bool]:
