@@ -16,6 +16,7 @@ from .training import _accumulation
 from .checkpoint import _checkpoints
 from .checkpoint import _files
 from .checkpoint import _in_step
+from .checkpoint import _pending
 from .training import _preemption
 from .checkpoint import _resume
 from .checkpoint import _stock
@@ -74,6 +75,7 @@ class Accelerator(accelerate.Accelerator):
         self.pipeline_rng = pipeline_rng
         self.carry_gradients = carry_gradients
         self._preemption_requests: list[_preemption.StepEndCheckpoint] = []
+        self._pending = _pending.Pending()  # saved states of loaders not prepared yet (prepared after a load)
         super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
@@ -96,7 +98,7 @@ class Accelerator(accelerate.Accelerator):
         if isinstance(data_loader, (DataLoaderAdapter, SkipDataLoader)):
             loader = data_loader.loader if isinstance(data_loader, SkipDataLoader) else data_loader
             if loader not in self._dataloaders:
-                self._dataloaders.append(loader)
+                self._register(loader)
             return data_loader
         if device_placement is None:
             device_placement = self.device_placement
@@ -124,7 +126,7 @@ class Accelerator(accelerate.Accelerator):
             loader = ShardDataLoader.from_dataloader(
                 data_loader, ctx, even_batches=self.even_batches, pipeline_rng=self.pipeline_rng, **common
             )
-        self._dataloaders.append(loader)
+        self._register(loader)
         return loader
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
@@ -170,7 +172,9 @@ class Accelerator(accelerate.Accelerator):
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
         loaders = self.stateful_loaders
-        contents = _checkpoints.agree(ctx, lambda: [_files.encode_state(dl.state_dict()) for dl in loaders])
+        carried = _checkpoints.agree(ctx, lambda: self._pending.carried(ctx, output_dir))
+        contents = _checkpoints.agree(
+            ctx, lambda: [_files.encode_state(state) for state in [dl.state_dict() for dl in loaders] + carried])
 
         def accelerate_save() -> None:
             with self._accelerate_view():
@@ -186,7 +190,7 @@ class Accelerator(accelerate.Accelerator):
                 ctx, lambda: _accumulation.write_gradients(output_dir, self.process_index, carry))
             if grads is not None:
                 entries[grads.relative_to(output_dir).as_posix()] = _files.file_entry(grads)
-        _checkpoints.seal(ctx, output_dir, num_loaders=len(loaders), entries=entries, root=root,
+        _checkpoints.seal(ctx, output_dir, num_loaders=len(contents), entries=entries, root=root,
                           keep=config.total_limit)
         line = carry and _accumulation.size_line(carry.sizes, output_dir)
         if line and self.is_main_process:
@@ -292,9 +296,18 @@ class Accelerator(accelerate.Accelerator):
         for request in self._preemption_requests:
             request.uninstall()
         self._preemption_requests = []
+        self._pending = _pending.Pending()
         return super().free_memory(*objects)
 
     # ----------------------------------------------------------------- internals
+    def _register(self, loader: DataLoaderAdapter) -> None:
+        """Add a prepared loader, once it took the state the loaded checkpoint saved for it, if one waits."""
+        index = len(self.stateful_loaders)
+        given = self._pending.give(DistContext.detect(), loader, index)
+        self._dataloaders.append(loader)
+        if given is not None and self.is_main_process:
+            _log_resume(index, loader, *given)
+
     def _ready_to_load(self, ctx: DistContext, call: str) -> None:
         """Every rank's loaders at the same point and none iterating, or a refusal on every rank."""
         _in_step.settle(ctx, self.stateful_loaders, call)
@@ -312,6 +325,7 @@ class Accelerator(accelerate.Accelerator):
         where its loader states say (``checkpoint/_stock.py``); the folder is left as it is."""
         loaders = self.stateful_loaders
         positions = _stock.check(ctx, folder, loaders)
+        self._pending.keep([])
 
         def accelerate_load() -> None:
             with self._accelerate_view():
@@ -344,6 +358,7 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         loaders = self.stateful_loaders
         states = _resume.read_states(ctx, checkpoint, manifest, loaders)
+        waiting = self._pending.read(ctx, checkpoint, manifest, len(loaders))
         grads = _checkpoints.agree(ctx, lambda: _accumulation.read_gradients(
             checkpoint, manifest, self.process_index, self.num_processes, self._unwrapped_models()))
         _resume.check_accelerate_files(ctx, checkpoint, manifest)
@@ -355,6 +370,7 @@ class Accelerator(accelerate.Accelerator):
         def restore() -> None:
             for loader, state in zip(loaders, states):
                 loader.load_state_dict(state)
+            self._pending.keep(waiting)
             _accumulation.restore_gradients(grads, self._unwrapped_models())
             if self.is_main_process:
                 for index, (loader, state) in enumerate(zip(loaders, states)):
