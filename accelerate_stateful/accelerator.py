@@ -167,14 +167,14 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "save_state")
         _in_step.settle(ctx, self.stateful_loaders, "accelerator.save_state()")
+        unprepared = _checkpoints.agree(ctx, lambda: self._pending.carried(ctx))  # saved for loaders not prepared yet
         carry = _accumulation.take(ctx, self)
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
         loaders = self.stateful_loaders
-        carried = _checkpoints.agree(ctx, lambda: self._pending.carried(ctx, output_dir))
         contents = _checkpoints.agree(
-            ctx, lambda: [_files.encode_state(state) for state in [dl.state_dict() for dl in loaders] + carried])
+            ctx, lambda: [_files.encode_state(state) for state in [dl.state_dict() for dl in loaders] + unprepared])
 
         def accelerate_save() -> None:
             with self._accelerate_view():
@@ -325,13 +325,13 @@ class Accelerator(accelerate.Accelerator):
         where its loader states say (``checkpoint/_stock.py``); the folder is left as it is."""
         loaders = self.stateful_loaders
         positions = _stock.check(ctx, folder, loaders)
-        self._pending.keep([])
 
         def accelerate_load() -> None:
             with self._accelerate_view():
                 super(Accelerator, self).load_state(str(folder), load_kwargs, **kwargs)
 
         _checkpoints.agree(ctx, accelerate_load)
+        self._pending.keep([])
         said = _checkpoints.agree(ctx, lambda: _stock.place(loaders, positions))
         number = _files.checkpoint_number(folder)
         config = self.project_configuration
@@ -358,7 +358,7 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         loaders = self.stateful_loaders
         states = _resume.read_states(ctx, checkpoint, manifest, loaders)
-        waiting = self._pending.read(ctx, checkpoint, manifest, len(loaders))
+        waiting = _pending.read(ctx, checkpoint, manifest, len(loaders))
         grads = _checkpoints.agree(ctx, lambda: _accumulation.read_gradients(
             checkpoint, manifest, self.process_index, self.num_processes, self._unwrapped_models()))
         _resume.check_accelerate_files(ctx, checkpoint, manifest)

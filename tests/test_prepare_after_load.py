@@ -8,6 +8,7 @@ it is prepared keeps its saved position. The same with real processes: ``mp_scen
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import Accelerator, CheckpointError, StateMismatchError
+from accelerate_stateful import Accelerator, CheckpointError, DistContext, ShardDataLoader, StateMismatchError
 from accelerate_stateful.checkpoint import _files
 PENDING_LOG = "accelerate_stateful.checkpoint._pending"  # the logger that says which saved positions wait
 
@@ -108,6 +109,38 @@ def test_a_loader_prepared_after_resume_that_does_not_fit_its_saved_state_is_ref
     assert evaluation.batches_yielded == 3
 
 
+def saved_on_two_processes(project: Path) -> Path:
+    """A checkpoint as a save on 2 processes writes it: Accelerate's files of one process, and the loader states
+    of ranks 0 and 1 of 2 (simulated), the evaluation loader 1 batch into its epoch on each."""
+    accelerator = start(project)
+    accelerator.prepare(loader(12, 0))
+    path = accelerator.save_state()
+    for index, (n, seed, taken) in enumerate([(12, 0, 0), (10, 1, 1)]):
+        for rank in range(2):
+            dl = ShardDataLoader.from_dataloader(loader(n, seed), DistContext(rank, 2))
+            dl.seek(taken)
+            _files.write_loader_state(path, index, rank, dl.state_dict())
+    _files.write_manifest(path, world_size=2, num_loaders=2)
+    return path
+
+
+def test_a_loader_prepared_after_a_resume_on_another_number_of_processes_continues_the_saved_epoch(tmp_path):
+    path = saved_on_two_processes(tmp_path)
+    order = [i for batch in ids(start(tmp_path).prepare(loader(10, 1))) for i in batch]
+    accelerator = start(tmp_path)
+    accelerator.prepare(loader(12, 0))
+    accelerator.load_state(path)
+    with pytest.raises(CheckpointError, match=(
+            r"cannot keep the saved position of loader 1 \(the shard loader of 10 samples .*\): it was saved in "
+            r".*checkpoint_0 on 2 processes and this run "
+            r"has not prepared it yet.*prepare it \(accelerator.prepare\(...\)\) before the first save_state\(\)")):
+        accelerator.save_state()
+    assert _files.numbered_checkpoints(tmp_path / "checkpoints") == [path]  # refused before writing anything
+    evaluation = accelerator.prepare(loader(10, 1))
+    assert [i for batch in ids(evaluation) for i in batch] == order[4:]  # 2 ranks took 1 batch of 2 each
+    assert _files.read_manifest(accelerator.save_state())["num_loaders"] == 2
+
+
 def test_a_checkpoint_with_fewer_loader_states_than_prepared_is_still_refused(tmp_path):
     accelerator = start(tmp_path)
     accelerator.prepare(loader(12, 0))
@@ -116,3 +149,14 @@ def test_a_checkpoint_with_fewer_loader_states_than_prepared_is_still_refused(tm
     accelerator.prepare(loader(12, 0), loader(10, 1))
     with pytest.raises(CheckpointError, match="holds 1 loader states, this run prepared 2"):
         accelerator.load_state(path)
+
+
+def test_the_lifecycle_pages_example_evaluates_the_next_epoch_in_each_run(tmp_path, monkeypatch, capsys):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "lifecycle.md").read_text()
+    section = page.split("## Loaders prepared after a resume", 1)[1]
+    example = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(3):
+        AcceleratorState._reset_state(True)
+        exec(compile(example, "docs/lifecycle.md", "exec"), {})
+    assert re.findall(r"evaluating epoch \d", capsys.readouterr().out) == [f"evaluating epoch {e}" for e in range(3)]

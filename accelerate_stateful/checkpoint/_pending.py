@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from . import _files
 from . import _refusals
-from ._checkpoints import agree
+from ._checkpoints import agree, same_everywhere
 from ._resume import read_rank_state, shared_state
 from .._context import DistContext
 from ..errors import CheckpointError, StatefulLoaderError
@@ -54,31 +54,37 @@ class Waiting:
         return _refusals.describe_saved(self.own if self.own is not None else (self.every or [{}])[0])
 
 
+def read(ctx: DistContext, checkpoint: Path, manifest: dict, prepared: int) -> list[Waiting]:
+    """The states of ``checkpoint`` past the ``prepared`` loaders, read and checked (kept by ``Pending.keep``
+    once the load succeeded), on every rank alike. Each rank reads its own; the main process every saved rank's
+    (the loader, once prepared, may need them all: ``merge_rank_states``).
+
+    Raises on every rank where the processes prepared different numbers of loaders before the load: the
+    loaders prepared later would take their states on some processes only.
+    """
+    same_everywhere(ctx, prepared, "the number of loaders prepared before load_state()/resume()")
+    world = manifest["world_size"]
+
+    def read_all() -> list[Waiting]:
+        found = []
+        for index in range(prepared, manifest["num_loaders"]):
+            own = read_rank_state(checkpoint, manifest, index, ctx.rank) if world == ctx.world_size else None
+            every = None
+            if ctx.is_main:
+                every = [own if r == ctx.rank and own is not None else read_rank_state(checkpoint, manifest, index, r)
+                         for r in range(world)]
+            found.append(Waiting(Path(checkpoint), world, index, own, every))
+        return found
+
+    return agree(ctx, read_all)
+
+
 class Pending:
     """The saved states of the loaders this run has not prepared yet, first to be prepared first."""
 
     def __init__(self) -> None:
         self._waiting: list[Waiting] = []
         self._said = False
-
-    def __bool__(self) -> bool:
-        return bool(self._waiting)
-
-    def read(self, ctx: DistContext, checkpoint: Path, manifest: dict, prepared: int) -> list[Waiting]:
-        """The states of ``checkpoint`` past the ``prepared`` loaders, read and checked (not yet kept: see
-        ``keep``), on every rank alike. Each rank reads its own; the main process reads every saved rank's."""
-        world = manifest["world_size"]
-
-        def read() -> list[Waiting]:
-            found = []
-            for index in range(prepared, manifest["num_loaders"]):
-                own = read_rank_state(checkpoint, manifest, index, ctx.rank) if world == ctx.world_size else None
-                every = [read_rank_state(checkpoint, manifest, index, r) for r in range(world)] if ctx.is_main \
-                    else None
-                found.append(Waiting(Path(checkpoint), world, index, own, every))
-            return found
-
-        return agree(ctx, read)
 
     def keep(self, waiting: list[Waiting]) -> None:
         """Replace what waits by the states a load just read (a load replaces every position)."""
@@ -110,24 +116,24 @@ class Pending:
         self._waiting.pop(0)
         return state, waiting.checkpoint
 
-    def carried(self, ctx: DistContext, output_dir: Path) -> list[Any]:
-        """This rank's states of the loaders still waiting, for the save into ``output_dir`` to write again
-        after the prepared ones; said once on the main process. Refused where they cannot be carried."""
+    def carried(self, ctx: DistContext) -> list[Any]:
+        """This rank's states of the loaders still waiting, for a save to write again after the prepared ones;
+        said once on the main process. Refused, before the save writes anything, where they cannot be carried."""
         elsewhere = [w for w in self._waiting if w.saved_world != ctx.world_size]
         if elsewhere:
             first = elsewhere[0]
             raise CheckpointError(
-                f"cannot save into {output_dir}: loader {first.index} ({first.described}) was saved in "
-                f"{first.checkpoint} on {first.saved_world} processes and this run has not prepared it yet, so its "
-                f"position is not yet dealt to this run's {ctx.world_size} processes and cannot be saved again; "
-                "prepare it (accelerator.prepare(...)) before the first save_state()"
+                f"save_state() cannot keep the saved position of loader {first.index} ({first.described}): it was "
+                f"saved in {first.checkpoint} on {first.saved_world} processes and this run has not prepared it yet, "
+                f"so its position is not yet dealt to this run's {ctx.world_size} processes; prepare it "
+                "(accelerator.prepare(...)) before the first save_state()"
             )
         if self._waiting and not self._said and ctx.is_main:
             names = "; ".join(f"loader {w.index}: {w.described}" for w in self._waiting)
             logger.warning(
-                "%s also keeps the saved positions of the loaders this run has not prepared yet (%s), as %s saved "
-                "them: each takes its position when it is prepared, in the order of the run that saved them",
-                output_dir, names, self._waiting[0].checkpoint,
+                "save_state() also keeps the saved positions of the loaders this run has not prepared yet (%s), as "
+                "%s saved them: each takes its position when it is prepared, in the order of the run that saved them",
+                names, self._waiting[0].checkpoint,
             )
         self._said = True
         return [w.own for w in self._waiting]
