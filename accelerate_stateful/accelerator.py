@@ -112,14 +112,14 @@ class Accelerator(accelerate.Accelerator):
             "data_seed": self.dataloader_config.data_seed,
         }
         ctx = DistContext.detect()
+        if _untracked.leave_to_accelerate(data_loader, ctx, dispatch):
+            return super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
         if dispatch:
             loader = DispatchDataLoader.from_dataloader(data_loader, ctx, slice_fn=slice_fn_for_dispatch, **common)
         elif isinstance(data_loader.dataset, RoundRobinDataset):
             loader = RoundRobinLoader.from_dataloader(data_loader, ctx, **common)
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
-        elif _untracked.leave_to_accelerate(data_loader, ctx):
-            return super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
         elif uses_batch_sampler(data_loader):
             loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         else:
