@@ -19,7 +19,7 @@ the collectives of ``give`` and ``carried`` run on every rank or on none.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,6 +41,7 @@ class Waiting:
         index: The loader's index in the checkpoint (its place in preparation order).
         own: This rank's saved state; ``None`` when the checkpoint was saved on another number of processes.
         every: On the main process, every saved rank's state (a merge needs them); elsewhere ``None``.
+        described: The loader that saved it, in words (from the main process's reading, the same on every rank).
     """
 
     checkpoint: Path
@@ -48,10 +49,7 @@ class Waiting:
     index: int
     own: Any
     every: Optional[list]
-
-    @property
-    def described(self) -> str:
-        return _refusals.describe_saved(self.own if self.own is not None else (self.every or [{}])[0])
+    described: str = ""
 
 
 def read(ctx: DistContext, checkpoint: Path, manifest: dict, prepared: int) -> list[Waiting]:
@@ -76,7 +74,9 @@ def read(ctx: DistContext, checkpoint: Path, manifest: dict, prepared: int) -> l
             found.append(Waiting(Path(checkpoint), world, index, own, every))
         return found
 
-    return agree(ctx, read_all)
+    found = agree(ctx, read_all)
+    described = ctx.broadcast([_refusals.describe_saved(w.every[0]) for w in found] if ctx.is_main else None)
+    return [replace(w, described=words) for w, words in zip(found, described)]
 
 
 class Pending:
