@@ -17,6 +17,7 @@ from .training import _accumulation
 from .checkpoint import _checkpoints
 from .checkpoint import _files
 from .checkpoint import _in_step
+from .checkpoint import _pending
 from .training import _preemption
 from .checkpoint import _resume
 from .checkpoint import _stock
@@ -76,6 +77,7 @@ class Accelerator(accelerate.Accelerator):
         self.carry_gradients = carry_gradients
         self._preemption_requests: list[_preemption.StepEndCheckpoint] = []
         self._untracked_seen = _training.untracked_events()  # training on unprepared loaders: said once
+        self._pending = _pending.Pending()  # saved states of loaders not prepared yet (prepared after a load)
         super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- prepare
@@ -98,7 +100,7 @@ class Accelerator(accelerate.Accelerator):
         if isinstance(data_loader, (DataLoaderAdapter, SkipDataLoader)):
             loader = data_loader.loader if isinstance(data_loader, SkipDataLoader) else data_loader
             if loader not in self._dataloaders:
-                self._dataloaders.append(loader)
+                self._register(loader)
             return data_loader
         if device_placement is None:
             device_placement = self.device_placement
@@ -112,21 +114,21 @@ class Accelerator(accelerate.Accelerator):
             "data_seed": self.dataloader_config.data_seed,
         }
         ctx = DistContext.detect()
+        if _untracked.leave_to_accelerate(data_loader, ctx, dispatch):
+            return super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
         if dispatch:
             loader = DispatchDataLoader.from_dataloader(data_loader, ctx, slice_fn=slice_fn_for_dispatch, **common)
         elif isinstance(data_loader.dataset, RoundRobinDataset):
             loader = RoundRobinLoader.from_dataloader(data_loader, ctx, **common)
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
-        elif _untracked.leave_to_accelerate(data_loader, ctx):
-            return super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
         elif uses_batch_sampler(data_loader):
             loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         else:
             loader = ShardDataLoader.from_dataloader(
                 data_loader, ctx, even_batches=self.even_batches, pipeline_rng=self.pipeline_rng, **common
             )
-        self._dataloaders.append(loader)
+        self._register(loader)
         return loader
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
@@ -167,12 +169,14 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         _checkpoints.enter(ctx, "save_state")
         _in_step.settle(ctx, self.stateful_loaders, "accelerator.save_state()")
+        unprepared = _checkpoints.agree(ctx, lambda: self._pending.carried(ctx))  # saved for loaders not prepared yet
         carry = _accumulation.take(ctx, self)
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
         loaders = self.stateful_loaders
-        contents = _checkpoints.agree(ctx, lambda: [_files.encode_state(dl.state_dict()) for dl in loaders])
+        contents = _checkpoints.agree(
+            ctx, lambda: [_files.encode_state(state) for state in [dl.state_dict() for dl in loaders] + unprepared])
 
         def accelerate_save() -> None:
             with self._accelerate_view():
@@ -188,7 +192,7 @@ class Accelerator(accelerate.Accelerator):
                 ctx, lambda: _accumulation.write_gradients(output_dir, self.process_index, carry))
             if grads is not None:
                 entries[grads.relative_to(output_dir).as_posix()] = _files.file_entry(grads)
-        _checkpoints.seal(ctx, output_dir, num_loaders=len(loaders), entries=entries, root=root,
+        _checkpoints.seal(ctx, output_dir, num_loaders=len(contents), entries=entries, root=root,
                           keep=config.total_limit)
         line = carry and _accumulation.size_line(carry.sizes, output_dir)
         if line:
@@ -298,9 +302,18 @@ class Accelerator(accelerate.Accelerator):
         for request in self._preemption_requests:
             request.uninstall()
         self._preemption_requests = []
+        self._pending = _pending.Pending()
         return super().free_memory(*objects)
 
     # ----------------------------------------------------------------- internals
+    def _register(self, loader: DataLoaderAdapter) -> None:
+        """Add a prepared loader, once it took the state the loaded checkpoint saved for it, if one waits."""
+        index = len(self.stateful_loaders)
+        given = self._pending.give(DistContext.detect(), loader, index)
+        self._dataloaders.append(loader)
+        if given is not None and self.is_main_process:
+            _lines.log_resume(index, loader, *given)
+
     def _ready_to_load(self, ctx: DistContext, call: str) -> None:
         """Every rank's loaders at the same point and none iterating, or a refusal on every rank."""
         _in_step.settle(ctx, self.stateful_loaders, call)
@@ -333,6 +346,7 @@ class Accelerator(accelerate.Accelerator):
                 super(Accelerator, self).load_state(str(folder), load_kwargs, **kwargs)
 
         _checkpoints.agree(ctx, accelerate_load)
+        self._pending.keep([])
         said = _checkpoints.agree(ctx, lambda: _stock.place(loaders, positions))
         number = _files.checkpoint_number(folder)
         config = self.project_configuration
@@ -359,6 +373,7 @@ class Accelerator(accelerate.Accelerator):
         ctx = DistContext.detect()
         loaders = self.stateful_loaders
         states = _resume.read_states(ctx, checkpoint, manifest, loaders)
+        waiting = _pending.read(ctx, checkpoint, manifest, len(loaders))
         grads = _checkpoints.agree(ctx, lambda: _accumulation.read_gradients(
             checkpoint, manifest, self.process_index, self.num_processes, self._unwrapped_models()))
         _resume.check_accelerate_files(ctx, checkpoint, manifest)
@@ -370,6 +385,7 @@ class Accelerator(accelerate.Accelerator):
         def restore() -> None:
             for loader, state in zip(loaders, states):
                 loader.load_state_dict(state)
+            self._pending.keep(waiting)
             _accumulation.restore_gradients(grads, self._unwrapped_models())
             for index, (loader, state) in enumerate(zip(loaders, states)):
                 _lines.log_resume(index, loader, state, checkpoint)  # the main process's line: once per run

@@ -10,7 +10,9 @@ the uninterrupted run:
   ``accelerator.skip_first_batches(dl, N % len(dl))``, no ``set_epoch``;
 - ``everyday``: a warm-up ``next(iter(dl))`` after loading, ``zip`` with a longer loader, a ``break``
   after 4 batches per epoch (no ``set_epoch``), and an evaluation stopped after 2 batches every other step;
-  checkpoints mid-epoch and after each epoch's inner loop.
+  checkpoints mid-epoch and after each epoch's inner loop;
+- ``late-eval``: ``everyday`` with its evaluation loader prepared after ``load_state`` (in every run, so
+  last), which takes the position the checkpoint saved for it then.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torch.utils.data import DataLoader
 import accelerate_stateful
 
 EPOCHS = 3
-LOOP_IDS = ["loops-classic-recipe", "loops-everyday"]
+LOOP_IDS = ["loops-classic-recipe", "loops-everyday", "loops-late-eval"]
 
 
 def _loader(n: int, bs: int, seed: int) -> DataLoader:
@@ -36,16 +38,20 @@ def _loader(n: int, bs: int, seed: int) -> DataLoader:
 class _Run:
     """One process's run: a fresh Accelerator, model, optimizer and loaders, optionally loaded from a checkpoint."""
 
-    def __init__(self, loaders: list[tuple[int, int, int]], resume_from: Path = None) -> None:
+    def __init__(self, loaders: list[tuple[int, int, int]], resume_from: Path = None, late: tuple = ()) -> None:
         GradientState._reset_state()
         self.acc = accelerate_stateful.Accelerator(
             cpu=True, gradient_accumulation_steps=2,
             dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
         model = torch.nn.Linear(1, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        self.model, self.optimizer, *self.loaders = self.acc.prepare(model, optimizer, *(_loader(*l) for l in loaders))
+        early = [i for i in range(len(loaders)) if i not in late]  # the loaders ``late`` prepared after the load
+        self.model, self.optimizer, *prepared = self.acc.prepare(model, optimizer,
+                                                                 *(_loader(*loaders[i]) for i in early))
         if resume_from is not None:
             self.acc.load_state(resume_from)
+        prepared += [self.acc.prepare(_loader(*loaders[i])) for i in late]
+        self.loaders = [prepared[(early + list(late)).index(i)] for i in range(len(loaders))]
 
     def train(self, batch: torch.Tensor) -> None:
         with self.acc.accumulate(self.model):
@@ -94,16 +100,17 @@ def everyday(run: _Run, log: list, save: Callable[[str], None], resume_step: int
         save(f"after_{len(log)}")
 
 
-SCRIPTS = {
-    "loops-classic-recipe": (classic, [(27, 3, 1)]),
-    "loops-everyday": (everyday, [(41, 2, 2), (23, 2, 3), (97, 2, 4)]),
+SCRIPTS = {  # script, loaders, the loaders prepared after load_state
+    "loops-classic-recipe": (classic, [(27, 3, 1)], ()),
+    "loops-everyday": (everyday, [(41, 2, 2), (23, 2, 3), (97, 2, 4)], ()),
+    "loops-late-eval": (everyday, [(41, 2, 2), (23, 2, 3), (97, 2, 4)], (1,)),
 }
 
 
 def run_loop_case(case: str, root: Path, add: Callable[[str], None]) -> int:
     """Run one script uninterrupted, then resumed at each checkpoint and once more from a resumed run's; returns
     how many resumed runs were compared. Differences are reported through ``add``."""
-    script, loaders = SCRIPTS[case]
+    script, loaders, late = SCRIPTS[case]
     saved: list[tuple[Path, int, int]] = []  # (folder, log length, step)
 
     def saver(run: _Run, log: list, into: list, prefix: str) -> Callable[[str], None]:
@@ -115,12 +122,12 @@ def run_loop_case(case: str, root: Path, add: Callable[[str], None]) -> int:
         return save
 
     reference: list = []
-    run = _Run(loaders)
+    run = _Run(loaders, late=late)
     script(run, reference, saver(run, reference, saved, "ref-"))
     compared = 0
     for index, (folder, at, step) in enumerate(saved):
         log, again, chain = reference[:at], [], index == len(saved) // 2
-        run = _Run(loaders, resume_from=folder)
+        run = _Run(loaders, resume_from=folder, late=late)
         script(run, log, saver(run, log, again, f"r{index}-") if chain else lambda name: None, resume_step=step)
         compared += 1
         if log != reference:
@@ -128,7 +135,7 @@ def run_loop_case(case: str, root: Path, add: Callable[[str], None]) -> int:
         if again:  # a chain: resume the resumed run's first checkpoint
             folder, at, step = again[0]
             log = reference[:at]
-            run = _Run(loaders, resume_from=folder)
+            run = _Run(loaders, resume_from=folder, late=late)
             script(run, log, lambda name: None, resume_step=step)
             compared += 1
             if log != reference:

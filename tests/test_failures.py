@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from typing import Optional
 
 import pytest
 import torch
@@ -28,10 +29,10 @@ from accelerate_stateful.loaders import _channels, _untracked
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
-def make(tmp_path, automatic: bool = False) -> Accelerator:
+def make(tmp_path, automatic: bool = False, dispatch: Optional[bool] = None) -> Accelerator:
     config = ProjectConfiguration(project_dir=str(tmp_path / "project"), automatic_checkpoint_naming=True)
-    return Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
-                       project_config=config if automatic else None)
+    loaders = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=dispatch)
+    return Accelerator(cpu=True, dataloader_config=loaders, project_config=config if automatic else None)
 
 
 def model_of(accelerator: Accelerator, weight: float) -> torch.nn.Module:
@@ -78,16 +79,20 @@ def test_a_save_of_a_model_alone_is_resumed_with_its_weights(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "make_loader,why",
+    "make_loader,why,dispatch",
     [
-        pytest.param(lambda: DataLoader(list(range(8)), batch_size=None), "batch_size=None", id="batch-size-none"),
+        pytest.param(lambda: DataLoader(list(range(8)), batch_size=None), "batch_size=None", None,
+                     id="batch-size-none"),
         pytest.param(lambda: DataLoader(list(range(8)), batch_size=2, sampler=Unsized(8)), "Unsized has no len()",
-                     id="unsized-sampler"),
+                     None, id="unsized-sampler"),
+        # issue 25, item 11: refused under the dispatcher, which Accelerate's own runs
+        pytest.param(lambda: DataLoader(list(range(8)), batch_size=2, sampler=Unsized(8)), "Unsized has no len()",
+                     True, id="unsized-sampler-dispatched"),
     ],
 )
 def test_a_loader_without_a_position_is_left_to_accelerate_with_a_warning_and_resumes_as_accelerate_does(
-        tmp_path, caplog, make_loader, why):
-    accelerator = make(tmp_path, automatic=True)
+        tmp_path, caplog, make_loader, why, dispatch):
+    accelerator = make(tmp_path, automatic=True, dispatch=dispatch)
     with caplog.at_level(logging.WARNING, logger=_untracked.__name__):
         dl = accelerator.prepare(make_loader())
     assert not accelerator.stateful_loaders
@@ -98,7 +103,7 @@ def test_a_loader_without_a_position_is_left_to_accelerate_with_a_warning_and_re
     rest = list(it)
     assert _files.read_manifest(path)["num_loaders"] == 0
 
-    again = make(tmp_path, automatic=True)
+    again = make(tmp_path, automatic=True, dispatch=dispatch)
     dl = again.prepare(make_loader())
     assert again.resume() == path
     assert [torch.as_tensor(b).tolist() for b in dl] == [torch.as_tensor(b).tolist() for b in rest]

@@ -286,8 +286,9 @@ CASES = {
                                          resume="falls back"),
     "manifest-size-of-model-file": Case(_edit_manifest(files=_grow_size("model.safetensors")), CheckpointError,
                                         ("model.safetensors", "its manifest says", HASH_FIX), resume="falls back"),
+    # one state more than prepared waits for a loader prepared later (test_prepare_after_load.py): read at the load
     "manifest-loader-count": Case(_edit_manifest(num_loaders=3), CheckpointError,
-                                  ("holds 3 loader states", "prepared 2", "same loaders in the same order")),
+                                  ("loader_2.rank_0.json", "is missing", HASH_FIX)),
     "manifest-missing": Case(lambda c: (c / MANIFEST).unlink(), CheckpointError,
                              ("MANIFEST.json", "incomplete", "resume from an earlier checkpoint"),
                              resume="falls back"),

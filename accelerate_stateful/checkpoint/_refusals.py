@@ -142,8 +142,18 @@ def uneven_batch_sizes(sizes: Sequence[Any], loader: Any, state: Mapping[str, An
 
 def describe(loader: Any) -> str:
     """A loader as the user built it: its dataset, batch size and sampler."""
-    config = loader._config()
-    parts = [f"the {loader.mode} loader over {type(loader.dataset).__name__}"]
+    return _described(f"the {loader.mode} loader over {type(loader.dataset).__name__}", loader._config())
+
+
+def describe_saved(state: Mapping[str, Any]) -> str:
+    """The loader a saved state was written by, as far as the state tells: its kind, dataset size, batch size
+    and order."""
+    config = state.get(S.CONFIG)
+    return _described(f"the {state.get(S.MODE)} loader", config if isinstance(config, Mapping) else {})
+
+
+def _described(start: str, config: Mapping[str, Any]) -> str:
+    parts = [start]
     if "dataset_length" in config:
         parts.append(f"of {config['dataset_length']} samples")
     if "batch_size" in config:

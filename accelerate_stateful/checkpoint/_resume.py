@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from accelerate.utils import RNG_STATE_NAME
 from accelerate.utils import load as accelerate_load
@@ -162,7 +162,7 @@ def read_states(ctx: DistContext, checkpoint: Path, manifest: dict, loaders: Seq
                 f"{manifest['ranks']} (each node or process saved into a folder of its own); resume each process "
                 "from the folder it saved into"
             )
-        return [_read(checkpoint, manifest, index, ctx.rank) for index in range(len(loaders))]
+        return [read_rank_state(checkpoint, manifest, index, ctx.rank) for index in range(len(loaders))]
 
     states = agree(ctx, own)
     shared = ctx.broadcast(agree(ctx, lambda: _main_states(ctx, checkpoint, manifest, loaders, states)))
@@ -194,16 +194,23 @@ def _main_states(ctx: DistContext, checkpoint: Path, manifest: dict, loaders: Se
         return {}
     shared = {}
     for index, loader in enumerate(loaders):
-        first = own[index] if own[index] is not None else _read(checkpoint, manifest, index, 0)
-        if loader.needs_all_ranks(first):
-            every = [first] + [_read(checkpoint, manifest, index, r) for r in range(1, manifest["world_size"])]
-            shared[index] = loader.merge_rank_states(every)
-        elif own[index] is None:
-            shared[index] = first
+        first = own[index] if own[index] is not None else read_rank_state(checkpoint, manifest, index, 0)
+        state = shared_state(loader, own[index], first, lambda: [first] + [
+            read_rank_state(checkpoint, manifest, index, r) for r in range(1, manifest["world_size"])])
+        if state is not None:
+            shared[index] = state
     return shared
 
 
-def _read(checkpoint: Path, manifest: dict, index: int, rank: int) -> Any:
+def shared_state(loader: Any, own: Any, first: Any, every: Callable[[], list]) -> Any:
+    """On the main process: the state every rank takes for ``loader`` (merged from ``every()`` saved rank's
+    state, or rank 0's ``first`` where this rank has no ``own`` one), or ``None`` where each takes its own."""
+    if loader.needs_all_ranks(first):
+        return loader.merge_rank_states(every())
+    return first if own is None else None
+
+
+def read_rank_state(checkpoint: Path, manifest: dict, index: int, rank: int) -> Any:
     """Rank ``rank``'s state of loader ``index``, checked against the manifest, shape and topology."""
     if rank not in manifest["ranks"]:
         raise CheckpointError(
@@ -227,7 +234,8 @@ def _read(checkpoint: Path, manifest: dict, index: int, rank: int) -> Any:
 
 
 def _check_loader_count(checkpoint: Path, manifest: dict, loaders: Sequence[Any]) -> None:
-    if manifest["num_loaders"] != len(loaders):
+    # More states than loaders: the rest wait for the loaders prepared later (``_pending``).
+    if manifest["num_loaders"] < len(loaders):
         raise CheckpointError(
             f"{checkpoint} holds {manifest['num_loaders']} loader states, this run prepared {len(loaders)} "
             "stateful loaders; prepare the same loaders in the same order as the run that saved it"

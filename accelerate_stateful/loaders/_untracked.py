@@ -4,7 +4,9 @@ A map-style loader that hands out one sample at a time (``batch_size=None``) or 
 without ``len()`` has no position the shard loader can express (a count of samples in an epoch of known
 length). Plain Accelerate runs both: a user switching to this package expects the script to run as
 before. So such a loader is prepared by Accelerate's own ``prepare_data_loader``, with a warning saying
-that its position is not recorded by this package; only what Accelerate keeps for it is saved.
+that its position is not recorded by this package; only what Accelerate keeps for it is saved. Under the
+dispatcher (``dispatch_batches=True``) too for a sampler without ``len()``, which Accelerate's dispatcher
+runs; ``batch_size=None`` there is refused by the dispatcher with the fix.
 
 A loader with ``batch_size=None`` on more than one process is refused instead: Accelerate's loader
 cannot shard it either (its first batch fails with ``TypeError: 'NoneType' object is not iterable``),
@@ -26,7 +28,7 @@ from ..errors import UnsupportedConfigError
 logger = _log.get_logger(__name__)
 
 
-def leave_to_accelerate(data_loader: Any, ctx: DistContext) -> bool:
+def leave_to_accelerate(data_loader: Any, ctx: DistContext, dispatch: bool = False) -> bool:
     """Whether ``data_loader`` is prepared by Accelerate itself; warns once per loader when it is.
 
     Raises:
@@ -35,6 +37,8 @@ def leave_to_accelerate(data_loader: Any, ctx: DistContext) -> bool:
     if isinstance(data_loader.dataset, IterableDataset) or uses_batch_sampler(data_loader):
         return False
     if data_loader.batch_size is None:
+        if dispatch:
+            return False
         if ctx.world_size > 1:
             raise UnsupportedConfigError(
                 f"the DataLoader has batch_size=None (one sample at a time), which cannot be sharded over "
