@@ -18,11 +18,11 @@ the collectives of ``give`` and ``carried`` run on every rank or on none.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import _log
 from . import _files
 from . import _refusals
 from ._checkpoints import agree, same_everywhere
@@ -30,7 +30,7 @@ from ._resume import read_rank_state, shared_state
 from .._context import DistContext
 from ..errors import CheckpointError, StatefulLoaderError
 
-logger = logging.getLogger(__name__)
+logger = _log.get_logger(__name__)
 
 
 @dataclass(frozen=True)
