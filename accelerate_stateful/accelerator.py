@@ -19,6 +19,8 @@ from .checkpoint import _files
 from .checkpoint import _in_step
 from .checkpoint import _pending
 from .training import _preemption
+from . import _records
+from .training import _record
 from .checkpoint import _resume
 from .checkpoint import _stock
 from .training import _rng
@@ -79,6 +81,7 @@ class Accelerator(accelerate.Accelerator):
         self._untracked_seen = _training.untracked_events()  # training on unprepared loaders: said once
         self._pending = _pending.Pending()  # saved states of loaders not prepared yet (prepared after a load)
         super().__init__(*args, **kwargs)
+        _record.start(self)  # only under `accelerate-stateful check-resume`
 
     # ----------------------------------------------------------------- prepare
     def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:
@@ -139,6 +142,13 @@ class Accelerator(accelerate.Accelerator):
             return SkipDataLoader(dataloader, num_batches)
         return super().skip_first_batches(dataloader, num_batches)
 
+    def prepare_optimizer(self, optimizer: Any, device_placement: Optional[bool] = None) -> Any:
+        """Accelerate's ``prepare_optimizer``; under ``check-resume`` the first one's steps are recorded."""
+        prepared = super().prepare_optimizer(optimizer, device_placement=device_placement)
+        if _records.active is not None:
+            _records.active.watch(prepared.optimizer)
+        return prepared
+
     def prepare_model(self, model: Any, device_placement: Optional[bool] = None, evaluation_mode: bool = False):
         """Accelerate's ``prepare_model``; a backward pass that reaches the model's parameters counts as training."""
         prepared = super().prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
@@ -149,6 +159,8 @@ class Accelerator(accelerate.Accelerator):
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """Accelerate's ``backward``; also marks that the model was trained while the live passes ran."""
         _training.note_trained()
+        if _records.active is not None:
+            _records.active.loss(loss)
         return super().backward(loss, **kwargs)
 
     # ----------------------------------------------------------------- checkpoints
@@ -174,6 +186,8 @@ class Accelerator(accelerate.Accelerator):
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
+        if _records.active is not None:
+            _records.active.saving(output_dir)
         loaders = self.stateful_loaders
         contents = _checkpoints.agree(
             ctx, lambda: [_files.encode_state(state) for state in [dl.state_dict() for dl in loaders] + unprepared])
@@ -354,6 +368,8 @@ class Accelerator(accelerate.Accelerator):
             config.iteration = max(config.iteration, number + 1)
         logger.warning(_stock.resume_line(folder, _stock.restored_parts(self), self.step, said, unnumbered,
                                           config.iteration))
+        if _records.active is not None:
+            _records.active.resumed(folder)
         return folder
 
     def _unwrapped_models(self) -> list:
@@ -397,6 +413,8 @@ class Accelerator(accelerate.Accelerator):
         number = _files.checkpoint_number(checkpoint)
         if number is not None and self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration = max(self.project_configuration.iteration, number + 1)
+        if _records.active is not None:
+            _records.active.resumed(checkpoint)
 
     @contextlib.contextmanager
     def _accelerate_view(self) -> Iterator[None]:

@@ -1,0 +1,26 @@
+"""The record files of ``accelerate-stateful check-resume``: their switch, their lines, the active recorder.
+
+``training/_record.py`` writes them in the training processes; ``cli/_stitch.py`` reads them in the checker,
+which must not import torch; a loader's ``next()`` hands its batch to the active recorder, and the loaders'
+modules are read by the command line too, so none of this imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+RECORD_ENV = "ACCELERATE_STATEFUL_RECORD"  # the folder the checker records a run into; unset: no recording
+
+# This process's ``training._record.Recorder``, or None: the hook points (a batch handed out, a backward, a
+# save, a load) test this alone, so with recording off they cost one comparison. Set when an Accelerator is made.
+active: Optional[Any] = None
+
+
+def parse_line(line: str) -> Optional[dict]:
+    """One record, or ``None`` for the remains of a line that a kill cut short."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None

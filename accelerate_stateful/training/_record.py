@@ -1,0 +1,188 @@
+"""What each rank trained on, step by step, for ``accelerate-stateful check-resume``.
+
+The checker switches recording on through the environment (``ACCELERATE_STATEFUL_RECORD=<folder>``); the
+training script has no code for it. Unset, nothing is installed: each hook point costs one ``is None`` test.
+Each rank appends JSON lines to ``<folder>/rank<r>.jsonl``, flushed at every optimizer step, so a killed run
+leaves what it recorded up to the kill:
+
+- ``start``: an ``Accelerator`` was made (one per process start);
+- ``step``: after a step of the first prepared optimizer: the step number, each batch that prepared loaders
+  handed out since the previous step (a digest of its tensors' bytes and a short look at its first values),
+  the hash chain of every batch of the run so far, each loss ``accelerator.backward`` saw, and a digest of
+  the prepared models' parameters after the step;
+- ``saving``: ``save_state`` chose its folder: the checkpoint holds the run as of this step;
+- ``resumed``: a checkpoint was loaded; the steps that follow continue from the step it was saved at.
+
+The step a checkpoint was saved at is read back from the ``saving`` lines of the runs before (the folder is
+the same for a whole chain of resumes), so the checkpoint itself holds nothing of the recording.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, Optional
+
+import torch
+
+from .. import _records
+from .._records import RECORD_ENV, parse_line
+
+
+def start(accelerator: Any) -> None:
+    """Start recording for ``accelerator``'s rank if the checker asked for it (``ACCELERATE_STATEFUL_RECORD``)."""
+    folder = os.environ.get(RECORD_ENV)
+    _records.active = Recorder(Path(folder), accelerator) if folder else None
+
+
+def _hash(*parts: bytes) -> str:
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    """Feed ``value`` (tensors, mappings, sequences, plain values) to the hash ``h``, structure included."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(value.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        h.update(b"{")
+        for key in sorted(value, key=str):
+            h.update(repr(key).encode())
+            _feed(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(value).encode())
+
+
+def batch_digest(batch: Any) -> str:
+    """A short digest of ``batch``'s bytes: equal batches, equal digests."""
+    h = hashlib.blake2b(digest_size=8)
+    _feed(h, batch)
+    return h.hexdigest()
+
+
+def peek(batch: Any, values: int = 6) -> str:
+    """The first values of the batch's first tensor (an integer one if any: ids, tokens), e.g. ``id [3, 17, 8]``."""
+    found = _first_tensor(batch, "", integer=True) or _first_tensor(batch, "", integer=False)
+    if found is None:
+        return ""
+    name, tensor = found
+    flat = tensor.detach().reshape(-1)[:values].cpu().tolist()
+    shown = [round(v, 4) if isinstance(v, float) else v for v in flat]
+    more = ", ..." if tensor.numel() > values else ""
+    return f"{name + ' ' if name else ''}[{', '.join(map(str, shown))}{more}]"
+
+
+def _first_tensor(value: Any, name: str, integer: bool) -> Optional[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        fits = not (value.is_floating_point() or value.is_complex()) or not integer
+        return (name, value) if fits and value.numel() else None
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _first_tensor(item, str(key) if isinstance(value, Mapping) else name, integer)
+        if found is not None:
+            return found
+    return None
+
+
+def _loss_value(loss: Any) -> Any:
+    if isinstance(loss, torch.Tensor):
+        return loss.detach().double().sum().item()
+    return float(loss)
+
+
+class Recorder:
+    """One rank's record file, and what the current step has seen so far."""
+
+    def __init__(self, folder: Path, accelerator: Any) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"rank{accelerator.process_index}.jsonl"
+        self._accelerator = weakref.ref(accelerator)  # recording never keeps a run's objects alive
+        cut = self.path.exists() and not self.path.read_bytes().endswith(b"\n") and self.path.stat().st_size
+        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        if cut:  # a kill cut the last line short: the next record starts on its own line
+            self._file.write("\n")
+        self._hooked: Optional[int] = None  # id of the optimizer whose steps are recorded
+        self.step, self.chain = 0, ""
+        self._batches: list = []
+        self._losses: list = []
+        self._write({"event": "start", "pid": os.getpid(), "time": time.time()})
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()  # a SIGKILL keeps what reached the OS; no fsync: the machine does not crash
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Record at the steps of ``optimizer`` if it is the first prepared one.
+
+        An instance hook, registered at prepare: it runs before the hooks added later (a preemption checkpoint
+        taken at the end of the same step), so the step is on record before any save that follows it.
+        """
+        if self._hooked is None:
+            self._hooked = id(optimizer)
+            optimizer.register_step_post_hook(self._stepped)
+
+    def batch(self, batch: Any) -> None:
+        digest = batch_digest(batch)
+        self.chain = _hash(self.chain.encode(), digest.encode())
+        self._batches.append([digest, peek(batch)])
+
+    def loss(self, loss: Any) -> None:
+        self._losses.append(_loss_value(loss))
+
+    def _stepped(self, *_: Any) -> None:
+        self.step += 1
+        self._write({"event": "step", "step": self.step, "batches": self._batches, "chain": self.chain,
+                     "losses": self._losses, "params": self._params(), "time": time.time()})
+        self._batches, self._losses = [], []
+
+    def _params(self) -> str:
+        accelerator = self._accelerator()
+        h = hashlib.blake2b(digest_size=8)
+        for model in accelerator._models if accelerator is not None else []:
+            for name, param in model.named_parameters():
+                h.update(name.encode())
+                _feed(h, param)
+        return h.hexdigest()
+
+    def saving(self, checkpoint: Path) -> None:
+        """``save_state`` writes ``checkpoint``: it holds the run as of the last recorded step."""
+        self._write({"event": "saving", "checkpoint": str(Path(checkpoint).resolve()), "step": self.step,
+                     "chain": self.chain})
+
+    def resumed(self, checkpoint: Path) -> None:
+        """A checkpoint was loaded: continue from the step, and the chain, it was saved at."""
+        path = str(Path(checkpoint).resolve())
+        saved = _saved_at(self.path.parent, self.path, path)
+        self.step, self.chain = (saved["step"], saved["chain"]) if saved else (0, "")
+        self._batches, self._losses = [], []
+        self._write({"event": "resumed", "checkpoint": path, "step": saved["step"] if saved else None,
+                     "time": time.time()})
+
+
+def _saved_at(folder: Path, own: Path, checkpoint: str) -> Optional[dict]:
+    """The last ``saving`` line for ``checkpoint``: in this rank's file, else in another rank's (a rank the run
+    did not have before it was resumed on more processes); ``None`` if it was saved unrecorded."""
+    for path in [own] + sorted(p for p in folder.glob("rank*.jsonl") if p != own):
+        found = None
+        for line in path.read_text("utf-8").splitlines() if path.exists() else []:
+            record = parse_line(line)
+            if record and record.get("event") == "saving" and record.get("checkpoint") == checkpoint:
+                found = record
+        if found is not None:
+            return found if path == own else {**found, "chain": ""}
+    return None
