@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..checkpoint import _state as S
+from . import _check_resume
 from ._diff import diff_reports, format_diff
 from ._read import Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint
 from ._report import SCHEMA_VERSION, describe, format_report
@@ -94,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("b", type=Path, metavar="CKPT_B")
     diff.add_argument("--json", action="store_true", help="print the changes as JSON")
     diff.set_defaults(run=_diff)
+    _check_resume.register(commands)
     return parser
 
 

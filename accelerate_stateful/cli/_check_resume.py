@@ -1,0 +1,250 @@
+"""``accelerate-stateful check-resume``: does the user's own command resume exactly? (``docs/check-resume.md``)
+
+It runs the command once uninterrupted, then again from a fresh folder, killing it after chosen or random steps
+and running the same command after each kill (a chain of resumes) until a run ends on its own. Every run records,
+per rank and per optimizer step, what it trained on (``training/_record.py``, switched on through the
+environment); the chain's records, stitched at each resume, must equal the uninterrupted run's.
+
+Kill points are steps: a run is killed (its whole process group: ``accelerate launch`` starts children) as soon
+as its records reach the step, so where it stops never depends on a timer. This module imports neither torch nor
+accelerate: the command's processes do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .._records import RECORD_ENV
+from ._stitch import RecordFiles, Verdict, compare, last_step, stitch
+
+IDENTICAL, DIFFERENT, USAGE, FAILED = 0, 1, 2, 3
+POLL_S = 0.01
+PREFIX = "check-resume:"
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``check-resume`` subcommand to the command line's parser."""
+    check = commands.add_parser(
+        "check-resume", help="run a command uninterrupted, then killed and resumed; compare what each trained on",
+        description="Run COMMAND once uninterrupted, then again, killed after chosen or random steps and run again "
+                    "after each kill until a run ends on its own; exit 0 only when every step's batches, losses "
+                    "and weights match. See docs/check-resume.md.")
+    check.add_argument("--kills", type=int, default=3, metavar="K", help="how many kills, at random steps (default 3)")
+    check.add_argument("--at", type=_steps, metavar="S,S", help="kill after these steps instead of random ones")
+    check.add_argument("--chain", type=int, metavar="N",
+                       help="resumes in a row from one fresh folder (default: every kill in one chain)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the random kill steps (default 0)")
+    check.add_argument("--signal", choices=["KILL", "TERM"], default="KILL", help="the kill's signal (default KILL)")
+    check.add_argument("--workdir", type=Path, metavar="DIR",
+                       help="a folder copied afresh for every chain (default: an empty folder); the command runs "
+                            "inside it, so its output folders must be relative paths")
+    check.add_argument("--runs", type=Path, metavar="DIR",
+                       help="where the runs' folders, records and logs go (default: a new temporary folder)")
+    check.add_argument("--timeout", type=float, metavar="S", help="longest a run may take (default: 5 times the "
+                                                                  "uninterrupted run, plus 60 s)")
+    check.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    check.set_defaults(run=run)
+
+
+def _steps(text: str) -> list[int]:
+    try:
+        steps = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give step numbers separated by commas, e.g. 3,7") from None
+    if any(s < 1 for s in steps):
+        raise argparse.ArgumentTypeError(f"{text!r}: steps count from 1 (a kill comes after a step)")
+    return steps
+
+
+def say(line: str) -> None:
+    print(f"{PREFIX} {line}", flush=True)
+
+
+@dataclass
+class Run:
+    """One run of the command: how it ended, and the records it appended (per rank)."""
+
+    number: int
+    started: float
+    took: float
+    status: int
+    killed_after: Optional[int]
+    records: dict
+    log: Path
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        return _usage("give the training command after '--', e.g. check-resume -- python train.py")
+    if args.kills < 1 or (args.chain is not None and args.chain < 1):
+        return _usage("--kills and --chain take a count of at least 1")
+    if args.workdir is not None and not args.workdir.is_dir():
+        return _usage(f"--workdir {args.workdir}: no such folder")
+    runs_dir = args.runs if args.runs is not None else Path(tempfile.mkdtemp(prefix="check-resume-"))
+    say(f"runs, records and logs in {runs_dir}")
+    sig = signal.SIGKILL if args.signal == "KILL" else signal.SIGTERM
+
+    reference = _run_command(command, _fresh(runs_dir / "uninterrupted", args.workdir), None, sig, args.timeout, 1)
+    if reference.status != 0:
+        return _failed(reference, "the uninterrupted run")
+    ref = stitch([reference.records])
+    total = max((max(s.steps, default=0) for s in ref.values()), default=0)
+    say(f"uninterrupted run: {total} steps on {len(ref)} rank(s), {reference.took:.1f} s")
+    if total < 2:
+        return _fail("the uninterrupted run recorded fewer than 2 optimizer steps, so there is no point to kill it "
+                     "between steps: does the script make its Accelerator, model and optimizer with "
+                     "accelerate_stateful.Accelerator and accelerator.prepare(...)?", FAILED)
+    timeout = args.timeout if args.timeout is not None else 5 * reference.took + 60
+    points = args.at or sorted(random.Random(args.seed).sample(range(1, total), min(args.kills, total - 1)))
+    size = args.chain or len(points)
+    for number, start in enumerate(range(0, len(points), size), 1):
+        chain = sorted(points[start:start + size])
+        code = _check_chain(command, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout, ref, number)
+        if code != IDENTICAL:
+            return code
+    return IDENTICAL
+
+
+def _check_chain(command: list, folder: Path, workdir: Optional[Path], points: list, sig: signal.Signals,
+                 timeout: float, ref: dict, number: int) -> int:
+    """One chain from a fresh folder: a run per kill point, then one that ends on its own; its verdict."""
+    work, records = _fresh(folder, workdir), RecordFiles(folder / "records")
+    runs: list[Run] = []
+    pending = list(points)
+    while True:
+        run_ = _run_command(command, work, pending[0] if pending else None, sig, timeout, len(runs) + 1, records)
+        runs.append(run_)
+        _say_run(number, run_, sig)
+        if run_.killed_after is None:
+            if run_.status != 0:
+                return _failed(run_, f"run {run_.number} of chain {number}")
+            break
+        while pending and pending[0] <= run_.killed_after:
+            pending.pop(0)
+    for point in pending:
+        say(f"chain {number}: the kill after step {point} was never reached: the run ended first")
+    verdict = compare(ref, stitch([r.records for r in runs]))
+    print(_verdict_text(verdict, runs, points, sig, len(ref)))
+    return IDENTICAL if verdict.kind == "identical" else DIFFERENT
+
+
+def _fresh(folder: Path, workdir: Optional[Path]) -> Path:
+    """``folder``/work, new: a copy of ``workdir``, or empty; the records go next to it."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    work = folder / "work"
+    if workdir is not None:
+        shutil.copytree(workdir, work, symlinks=True)
+    else:
+        work.mkdir(parents=True)
+    return work
+
+
+def _run_command(command: list, work: Path, kill_at: Optional[int], sig: signal.Signals, timeout: Optional[float],
+                 number: int, records: Optional[RecordFiles] = None) -> Run:
+    """Run ``command`` in ``work``; kill its process group with ``sig`` once its records reach step ``kill_at``."""
+    records = records or RecordFiles(work.parent / "records")
+    records.folder.mkdir(parents=True, exist_ok=True)
+    log = work.parent / f"run{number}.log"
+    env = {**os.environ, RECORD_ENV: str(records.folder.resolve())}
+    started = time.time()
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    seen: dict[int, list] = {}
+    killed_after = None
+    while proc.poll() is None:
+        for rank, lines in records.take().items():
+            seen.setdefault(rank, []).extend(lines)
+        step = last_step(seen)
+        if kill_at is not None and killed_after is None and step is not None and step >= kill_at:
+            os.killpg(proc.pid, sig)
+            killed_after = step
+        if timeout is not None and time.time() - started > timeout:
+            with log.open("a") as out:
+                out.write(f"\n{PREFIX} stopped: still running after {timeout:.0f} s (--timeout)\n")
+            break
+        time.sleep(POLL_S)
+    _end_group(proc)
+    for rank, lines in records.take().items():
+        seen.setdefault(rank, []).extend(lines)
+    return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log)
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kill what is left of the run's process group (workers, ranks of a launcher that died first)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the whole group has exited
+    proc.wait()
+
+
+def _say_run(chain: int, run_: Run, sig: signal.Signals) -> None:
+    head = f"chain {chain}, run {run_.number}:"
+    first = _first_step_s(run_)
+    resume = next((r for r in run_.records.get(0, []) if r.get("event") == "resumed"), None)
+    if run_.number == 1:
+        start = "started fresh"
+    elif resume:
+        at = "an unrecorded step" if resume.get("step") is None else f"step {resume['step']}"
+        start = f"resumed from {Path(resume['checkpoint']).name} (saved after {at})"
+    else:
+        start = "started fresh (no complete checkpoint to resume from)"
+    timing = f", first step {first:.2f} s after its start" if first is not None else ", no step"
+    end = (f"killed (SIG{sig.name[3:]}) after step {run_.killed_after}" if run_.killed_after is not None
+           else f"ended on its own (status {run_.status})")
+    say(f"{head} {start}{timing}; {end}")
+
+
+def _first_step_s(run_: Run) -> Optional[float]:
+    times = [r["time"] for lines in run_.records.values() for r in lines if r.get("event") == "step"]
+    return min(times) - run_.started if times else None
+
+
+def _verdict_text(verdict: Verdict, runs: list[Run], points: list, sig: signal.Signals, ranks: int) -> str:
+    kills = sum(r.killed_after is not None for r in runs)
+    where = f"{verdict.steps} steps on {ranks} rank(s), {kills} kill(s), {len(runs)} runs"
+    if verdict.kind == "identical":
+        return f"identical: every batch, loss and weight of the {where} matches the uninterrupted run"
+    head = (f"identical samples, weights differ from step {verdict.step}" if verdict.kind == "weights"
+            else f"DIFFERENT samples from step {verdict.step}")
+    lines = [f"{head} (rank {verdict.rank}; {_after_kill(verdict, runs, sig)}; {where}):"]
+    lines += [f"  expected {e}" for e in verdict.expected] + [f"  came     {c}" for c in verdict.came]
+    return "\n".join(lines)
+
+
+def _after_kill(verdict: Verdict, runs: list[Run], sig: signal.Signals) -> str:
+    if verdict.run is None or verdict.run == 0:
+        return ("before any kill: the first run already differs, so the script does not repeat itself when run "
+                "twice (unseeded randomness, or the output folder not fresh?)")
+    killed = runs[verdict.run - 1]
+    return f"after kill {verdict.run}: SIG{sig.name[3:]} after step {killed.killed_after}, then run {verdict.run + 1}"
+
+
+def _failed(run_: Run, which: str) -> int:
+    tail = run_.log.read_text("utf-8", "replace").splitlines()[-15:]
+    print("\n".join(f"  | {line}" for line in tail))
+    return _fail(f"{which} failed on its own with status {run_.status} (its whole log: {run_.log}); make the "
+                 "command run to its end before checking its resumes", FAILED)
+
+
+def _usage(message: str) -> int:
+    return _fail(message, USAGE)
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"accelerate-stateful: error: {message}", file=sys.stderr, flush=True)
+    return status

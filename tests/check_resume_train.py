@@ -1,0 +1,54 @@
+"""A tiny training script for ``tests/test_check_resume.py``, with resume bugs the checker must catch.
+
+Run as ``python check_resume_train.py [--bug drop|perturb]``, in the folder the checker gives it: it writes its
+checkpoints under ``run/``, saves after every second step, and resumes with ``accelerator.resume()``.
+
+- no ``--bug``: a correct script; resumed runs continue exactly;
+- ``--bug drop``: a resumed run's loader skips one batch (a loader that drops a batch at a resume);
+- ``--bug perturb``: a resumed run nudges a weight (samples stay the same, the weights differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from torch.utils.data import DataLoader, TensorDataset
+
+from accelerate_stateful import Accelerator
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bug", choices=["drop", "perturb"])
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    accelerator = Accelerator(
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+        project_config=ProjectConfiguration(project_dir="run", automatic_checkpoint_naming=True, total_limit=2),
+    )
+    set_seed(0)
+    data = TensorDataset(torch.arange(24), torch.randn(24, 4), torch.randn(24, 1))
+    loader = DataLoader(data, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(0))
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    resumed = accelerator.resume() is not None
+    if resumed and args.bug == "perturb":
+        with torch.no_grad():
+            model.weight[0, 0] += 1e-3
+    if resumed and args.bug == "drop":
+        loader.seek(loader.batches_yielded + 1)  # the resumed loader starts one batch too far
+    for _ in range(loader.epoch, args.epochs):
+        for _ids, x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            if loader.batches_yielded % 2 == 0:
+                accelerator.save_state()
+
+
+if __name__ == "__main__":
+    main()

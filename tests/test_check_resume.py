@@ -1,0 +1,87 @@
+"""``accelerate-stateful check-resume`` catches planted resume bugs, naming the step, and passes a correct script.
+
+The script (``tests/check_resume_train.py``, one process: ``python script.py`` keeps the file fast) saves every
+second step; the checker kills it once its records reach step 3, so the resumed run continues from the newest
+checkpoint, whatever step the kill landed after. The expected step is read from the checker's own line about
+the resume, never from a timing.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from accelerate_stateful import _records
+from accelerate_stateful.cli._stitch import RecordFiles, compare, stitch
+
+from cli_run import run_module
+
+SCRIPT = Path(__file__).resolve().parent / "check_resume_train.py"
+
+
+def _check(tmp_path: Path, *args: str, bug: str = "") -> tuple[int, str, int]:
+    """(exit status, output, the step the resumed run continued from) of a check with one kill after step 3."""
+    done = run_module("check-resume", "--runs", tmp_path, *args, "--",
+                      sys.executable, SCRIPT, *(["--bug", bug] if bug else []))
+    out = done.stdout + done.stderr
+    resumed = re.search(r"resumed from checkpoint_\d+ \(saved after step (\d+)\)", out)
+    assert resumed, out
+    return done.returncode, out, int(resumed.group(1))
+
+
+def test_a_correct_script_is_identical_and_an_unreached_kill_point_is_reported(tmp_path):
+    status, out, _ = _check(tmp_path, "--at", "3,99")
+    assert status == 0, out
+    assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 1 kill(s), 2 runs" in out
+    assert "the kill after step 99 was never reached: the run ended first" in out
+    assert re.search(r"run 2: resumed from .*first step [\d.]+ s after its start", out)
+
+
+def test_a_loader_that_drops_a_batch_at_a_resume_is_caught_at_the_first_step_after_the_checkpoint(tmp_path):
+    status, out, saved = _check(tmp_path, "--at", "3", bug="drop")
+    assert status == 1, out
+    assert f"DIFFERENT samples from step {saved + 1} (rank 0; after kill 1: SIGKILL after step" in out
+    assert re.search(r"expected batch 1 of the step: \[[\d, ]+\] \(digest \w+\)\n  came     batch 1", out)
+
+
+def test_weights_changed_at_a_resume_are_caught_though_the_samples_are_identical(tmp_path):
+    status, out, saved = _check(tmp_path, "--at", "3", "--signal", "TERM", bug="perturb")
+    assert status == 1, out
+    assert f"identical samples, weights differ from step {saved + 1} (rank 0; after kill 1: SIGTERM" in out
+    assert "expected parameters after the step: digest" in out
+
+
+def _step(n: int, batch: str, params: str = "p") -> dict:
+    return {"event": "step", "step": n, "batches": [[batch, ""]], "losses": [0.5], "params": params}
+
+
+def test_stitching_replaces_the_steps_a_killed_run_made_after_its_checkpoint():
+    killed = {0: [_step(1, "a"), _step(2, "b"), _step(3, "x")]}  # killed after step 3, saved after step 2
+    resumed = {0: [{"event": "resumed", "step": 2}, _step(3, "c"), _step(4, "d")]}
+    reference = stitch([{0: [_step(1, "a"), _step(2, "b"), _step(3, "c"), _step(4, "d")]}])
+    assert compare(reference, stitch([killed, resumed])).kind == "identical"
+    verdict = compare(reference, stitch([killed, {0: resumed[0][:2]}]))
+    assert (verdict.kind, verdict.step, verdict.run, verdict.came) == (
+        "samples", 4, 1, ["no such step: the run ended before it"])
+
+
+def test_a_record_line_cut_by_a_kill_is_read_as_nothing(tmp_path):
+    (tmp_path / "rank0.jsonl").write_text('{"event": "start"}\n{"event": "step", "st\n{"event": "start"}\n{"eve')
+    assert RecordFiles(tmp_path).take() == {0: [{"event": "start"}, {"event": "start"}]}
+
+
+def test_recording_is_off_unless_the_checker_asks(monkeypatch, tmp_path):
+    from accelerate_stateful import Accelerator
+
+    monkeypatch.delenv(_records.RECORD_ENV, raising=False)
+    Accelerator(cpu=True)
+    assert _records.active is None
+    monkeypatch.setenv(_records.RECORD_ENV, str(tmp_path))
+    Accelerator(cpu=True)
+    assert _records.active is not None and (tmp_path / "rank0.jsonl").exists()
+    monkeypatch.delenv(_records.RECORD_ENV)
+    Accelerator(cpu=True)
+    assert _records.active is None
