@@ -35,7 +35,7 @@ def _check(tmp_path: Path, *args: str, bug: str = "") -> tuple[int, str, int]:
 def test_a_correct_script_is_identical_and_an_unreached_kill_point_is_reported(tmp_path):
     status, out, _ = _check(tmp_path, "--at", "3,99")
     assert status == 0, out
-    assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 1 kill(s), 2 runs" in out
+    assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 1 kill(s), 1 resume(s)" in out
     assert "the kill after step 99 was never reached: the run ended first" in out
     assert re.search(r"run 2: resumed from .*first step [\d.]+ s after its start", out)
 

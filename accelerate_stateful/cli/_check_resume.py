@@ -39,7 +39,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "check-resume", help="run a command uninterrupted, then killed and resumed; compare what each trained on",
         description="Run COMMAND once uninterrupted, then again, killed after chosen or random steps and run again "
                     "after each kill until a run ends on its own; exit 0 only when every step's batches, losses "
-                    "and weights match. See docs/check-resume.md.")
+                    "and weights match. See docs/check-resume.md.",
+        epilog="exit codes: 0 identical, 1 a difference, 2 bad arguments, 3 a run failed on its own or recorded "
+               "no steps")
     check.add_argument("--kills", type=int, default=3, metavar="K", help="how many kills, at random steps (default 3)")
     check.add_argument("--at", type=_steps, metavar="S,S", help="kill after these steps instead of random ones")
     check.add_argument("--chain", type=int, metavar="N",
@@ -126,7 +128,12 @@ def _check_chain(command: list, folder: Path, workdir: Optional[Path], points: l
     while True:
         run_ = _run_command(command, work, pending[0] if pending else None, sig, timeout, len(runs) + 1, records)
         runs.append(run_)
-        _say_run(number, run_, sig)
+        resume = _resume_of(run_)
+        _say_run(number, run_, resume, sig)
+        if resume is not None and resume.get("step") is None:
+            return _fail(f"run {run_.number} of chain {number} resumed from {resume['checkpoint']}, which no run of "
+                         "this check saved, so its steps cannot be matched: leave checkpoints out of --workdir",
+                         FAILED)
         if run_.killed_after is None:
             if run_.status != 0:
                 return _failed(run_, f"run {run_.number} of chain {number}")
@@ -135,8 +142,11 @@ def _check_chain(command: list, folder: Path, workdir: Optional[Path], points: l
             pending.pop(0)
     for point in pending:
         say(f"chain {number}: the kill after step {point} was never reached: the run ended first")
+    if len(runs) > 1 and not any(_resume_of(r) for r in runs):
+        say(f"chain {number}: no run resumed (each kill came before a checkpoint was complete), so no resume was "
+            "checked: kill later (--at) or save earlier")
     verdict = compare(ref, stitch([r.records for r in runs]))
-    print(_verdict_text(verdict, runs, points, sig, len(ref)))
+    print(_verdict_text(verdict, runs, sig, len(ref)))
     return IDENTICAL if verdict.kind == "identical" else DIFFERENT
 
 
@@ -163,6 +173,18 @@ def _run_command(command: list, work: Path, kill_at: Optional[int], sig: signal.
     with log.open("w") as out:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    try:
+        killed_after, seen = _watch(proc, records, kill_at, sig, timeout, started, log)
+    finally:  # Ctrl-C of the checker too: the run is in a session of its own, which the terminal never signals
+        _end_group(proc)
+    for rank, lines in records.take().items():
+        seen.setdefault(rank, []).extend(lines)
+    return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log)
+
+
+def _watch(proc: subprocess.Popen, records: RecordFiles, kill_at: Optional[int], sig: signal.Signals,
+           timeout: Optional[float], started: float, log: Path) -> tuple[Optional[int], dict]:
+    """Read the run's records while it runs; signal its group once they reach ``kill_at``."""
     seen: dict[int, list] = {}
     killed_after = None
     while proc.poll() is None:
@@ -177,10 +199,7 @@ def _run_command(command: list, work: Path, kill_at: Optional[int], sig: signal.
                 out.write(f"\n{PREFIX} stopped: still running after {timeout:.0f} s (--timeout)\n")
             break
         time.sleep(POLL_S)
-    _end_group(proc)
-    for rank, lines in records.take().items():
-        seen.setdefault(rank, []).extend(lines)
-    return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log)
+    return killed_after, seen
 
 
 def _end_group(proc: subprocess.Popen) -> None:
@@ -192,10 +211,14 @@ def _end_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _say_run(chain: int, run_: Run, sig: signal.Signals) -> None:
+def _resume_of(run_: Run) -> Optional[dict]:
+    """The main process's ``resumed`` record of the run, if it loaded a checkpoint."""
+    return next((r for r in run_.records.get(0, []) if r.get("event") == "resumed"), None)
+
+
+def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals) -> None:
     head = f"chain {chain}, run {run_.number}:"
     first = _first_step_s(run_)
-    resume = next((r for r in run_.records.get(0, []) if r.get("event") == "resumed"), None)
     if run_.number == 1:
         start = "started fresh"
     elif resume:
@@ -214,9 +237,10 @@ def _first_step_s(run_: Run) -> Optional[float]:
     return min(times) - run_.started if times else None
 
 
-def _verdict_text(verdict: Verdict, runs: list[Run], points: list, sig: signal.Signals, ranks: int) -> str:
+def _verdict_text(verdict: Verdict, runs: list[Run], sig: signal.Signals, ranks: int) -> str:
     kills = sum(r.killed_after is not None for r in runs)
-    where = f"{verdict.steps} steps on {ranks} rank(s), {kills} kill(s), {len(runs)} runs"
+    where = (f"{verdict.steps} steps on {ranks} rank(s), {kills} kill(s), "
+             f"{sum(_resume_of(r) is not None for r in runs)} resume(s)")
     if verdict.kind == "identical":
         return f"identical: every batch, loss and weight of the {where} matches the uninterrupted run"
     head = (f"identical samples, weights differ from step {verdict.step}" if verdict.kind == "weights"

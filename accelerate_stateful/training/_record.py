@@ -112,11 +112,10 @@ class Recorder:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"rank{accelerator.process_index}.jsonl"
         self._accelerator = weakref.ref(accelerator)  # recording never keeps a run's objects alive
-        cut = self.path.exists() and not self.path.read_bytes().endswith(b"\n") and self.path.stat().st_size
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
-        if cut:  # a kill cut the last line short: the next record starts on its own line
+        if _ends_cut(self.path):  # a kill cut the last line short: the next record starts on its own line
             self._file.write("\n")
-        self._hooked: Optional[int] = None  # id of the optimizer whose steps are recorded
+        self._watching = False  # the first prepared optimizer's steps are recorded
         self.step, self.chain = 0, ""
         self._batches: list = []
         self._losses: list = []
@@ -132,8 +131,8 @@ class Recorder:
         An instance hook, registered at prepare: it runs before the hooks added later (a preemption checkpoint
         taken at the end of the same step), so the step is on record before any save that follows it.
         """
-        if self._hooked is None:
-            self._hooked = id(optimizer)
+        if not self._watching:
+            self._watching = True
             optimizer.register_step_post_hook(self._stepped)
 
     def batch(self, batch: Any) -> None:
@@ -172,6 +171,14 @@ class Recorder:
         self._batches, self._losses = [], []
         self._write({"event": "resumed", "checkpoint": path, "step": saved["step"] if saved else None,
                      "time": time.time()})
+
+
+def _ends_cut(path: Path) -> bool:
+    with path.open("rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 def _saved_at(folder: Path, own: Path, checkpoint: str) -> Optional[dict]:
