@@ -19,7 +19,7 @@ from .checkpoint import _files
 from .checkpoint import _in_step
 from .checkpoint import _pending
 from .training import _preemption
-from . import _records
+from .training import _record_switch
 from .training import _record
 from .checkpoint import _resume
 from .checkpoint import _stock
@@ -145,8 +145,8 @@ class Accelerator(accelerate.Accelerator):
     def prepare_optimizer(self, optimizer: Any, device_placement: Optional[bool] = None) -> Any:
         """Accelerate's ``prepare_optimizer``; under ``check-resume`` the first one's steps are recorded."""
         prepared = super().prepare_optimizer(optimizer, device_placement=device_placement)
-        if _records.active is not None:
-            _records.active.watch(prepared.optimizer)
+        if _record_switch.active is not None:
+            _record_switch.active.watch(prepared.optimizer)
         return prepared
 
     def prepare_model(self, model: Any, device_placement: Optional[bool] = None, evaluation_mode: bool = False):
@@ -159,8 +159,8 @@ class Accelerator(accelerate.Accelerator):
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """Accelerate's ``backward``; also marks that the model was trained while the live passes ran."""
         _training.note_trained()
-        if _records.active is not None:
-            _records.active.loss(loss)
+        if _record_switch.active is not None:
+            _record_switch.active.loss(loss)
         return super().backward(loss, **kwargs)
 
     # ----------------------------------------------------------------- checkpoints
@@ -186,8 +186,8 @@ class Accelerator(accelerate.Accelerator):
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
-        if _records.active is not None:
-            _records.active.saving(output_dir)
+        if _record_switch.active is not None:
+            _record_switch.active.saving(output_dir)
         loaders = self.stateful_loaders
         contents = _checkpoints.agree(
             ctx, lambda: [_files.encode_state(state) for state in [dl.state_dict() for dl in loaders] + unprepared])
@@ -368,8 +368,8 @@ class Accelerator(accelerate.Accelerator):
             config.iteration = max(config.iteration, number + 1)
         logger.warning(_stock.resume_line(folder, _stock.restored_parts(self), self.step, said, unnumbered,
                                           config.iteration))
-        if _records.active is not None:
-            _records.active.resumed(folder)
+        if _record_switch.active is not None:
+            _record_switch.active.resumed(folder)
         return folder
 
     def _unwrapped_models(self) -> list:
@@ -413,8 +413,8 @@ class Accelerator(accelerate.Accelerator):
         number = _files.checkpoint_number(checkpoint)
         if number is not None and self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration = max(self.project_configuration.iteration, number + 1)
-        if _records.active is not None:
-            _records.active.resumed(checkpoint)
+        if _record_switch.active is not None:
+            _record_switch.active.resumed(checkpoint)
 
     @contextlib.contextmanager
     def _accelerate_view(self) -> Iterator[None]:

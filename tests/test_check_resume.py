@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from accelerate_stateful import _records
+from accelerate_stateful.training import _record_switch
 from accelerate_stateful.cli._stitch import RecordFiles, compare, stitch
 
 from cli_run import run_module
@@ -76,12 +76,12 @@ def test_a_record_line_cut_by_a_kill_is_read_as_nothing(tmp_path):
 def test_recording_is_off_unless_the_checker_asks(monkeypatch, tmp_path):
     from accelerate_stateful import Accelerator
 
-    monkeypatch.delenv(_records.RECORD_ENV, raising=False)
+    monkeypatch.delenv(_record_switch.RECORD_ENV, raising=False)
     Accelerator(cpu=True)
-    assert _records.active is None
-    monkeypatch.setenv(_records.RECORD_ENV, str(tmp_path))
+    assert _record_switch.active is None
+    monkeypatch.setenv(_record_switch.RECORD_ENV, str(tmp_path))
     Accelerator(cpu=True)
-    assert _records.active is not None and (tmp_path / "rank0.jsonl").exists()
-    monkeypatch.delenv(_records.RECORD_ENV)
+    assert _record_switch.active is not None and (tmp_path / "rank0.jsonl").exists()
+    monkeypatch.delenv(_record_switch.RECORD_ENV)
     Accelerator(cpu=True)
-    assert _records.active is None
+    assert _record_switch.active is None

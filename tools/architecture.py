@@ -98,6 +98,10 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_loaders.py": "the command line rebuilds the loaders to answer samples (docs/cli.md)",
     "cli/_diff.py": "the command line's diff (docs/cli.md)",
     "cli/_carry.py": "the command line's size of a carried gradient, without torch (docs/cli.md)",
+    "cli/_check_resume.py": "check-resume runs the user's command, kills and resumes it (docs/check-resume.md)",
+    "cli/_stitch.py": "check-resume's records stitched across resumes and compared (docs/check-resume.md)",
+    "training/_record.py": "what each step trained on, recorded only under check-resume (docs/check-resume.md)",
+    "training/_record_switch.py": "check-resume's record switch and lines, without torch; part of _record.py",
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "position/_skips.py": "samples left out of an epoch's order (skip_samples), shared by the shard loader, the "

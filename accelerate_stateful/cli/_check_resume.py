@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .._records import RECORD_ENV
+from ..training._record_switch import RECORD_ENV
 from ._stitch import RecordFiles, Verdict, compare, last_step, stitch
 
 IDENTICAL, DIFFERENT, USAGE, FAILED = 0, 1, 2, 3

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .._records import parse_line
+from ..training._record_switch import parse_line
 
 
 class RecordFiles:

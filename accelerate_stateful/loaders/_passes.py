@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ..errors import UnsupportedConfigError
-from .. import _records
+from ..training import _record_switch
 
 if TYPE_CHECKING:
     from ._adapter import DataLoaderAdapter
@@ -141,8 +141,8 @@ class PassHandle:
             life.failed(record)
             raise
         life.handed(record)
-        if _records.active is not None:  # `accelerate-stateful check-resume` records what was handed out
-            _records.active.batch(batch)
+        if _record_switch.active is not None:  # `accelerate-stateful check-resume` records what was handed out
+            _record_switch.active.batch(batch)
         return batch
 
     def close(self) -> None:

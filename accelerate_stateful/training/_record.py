@@ -30,14 +30,14 @@ from typing import IO, Any, Optional
 
 import torch
 
-from .. import _records
-from .._records import RECORD_ENV, parse_line
+from . import _record_switch
+from ._record_switch import RECORD_ENV, parse_line
 
 
 def start(accelerator: Any) -> None:
     """Start recording for ``accelerator``'s rank if the checker asked for it (``ACCELERATE_STATEFUL_RECORD``)."""
     folder = os.environ.get(RECORD_ENV)
-    _records.active = Recorder(Path(folder), accelerator) if folder else None
+    _record_switch.active = Recorder(Path(folder), accelerator) if folder else None
 
 
 def _hash(*parts: bytes) -> str:
