@@ -33,6 +33,7 @@ from ..checkpoint import _checkpoints
 from ..checkpoint import _files
 from ..checkpoint import _in_step
 from ..training import _preemption
+from ..training import _record_switch
 from ..checkpoint import _resume
 from ..loaders._adapter import DataLoaderAdapter
 from .._context import DistContext
@@ -149,6 +150,8 @@ class StatefulTrainerMixin:
     def set_initial_training_values(self, args: Any, dataloader: Any) -> tuple:
         """The Trainer's counts for this run; on resume, the loader's position is restored here first."""
         values = super().set_initial_training_values(args, dataloader)
+        if self._resume_dir is not None and dataloader is self._train_loader and _record_switch.active is not None:
+            _record_switch.active.resumed(self._resume_dir)  # `check-resume`: steps continue from the checkpoint's
         if self._resume_dir is None or self._resume_stock or dataloader is not self._train_loader:
             return values
         self._restore_loader(self._resume_dir)
@@ -187,6 +190,8 @@ class StatefulTrainerMixin:
         run_dir = Path(self._get_output_dir(trial=trial))
         folder = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         self._clear_leftover(folder)
+        if _record_switch.active is not None:
+            _record_switch.active.saving(folder)
         with swapped("rotate_checkpoints", _no_rotation):
             super()._save_checkpoint(model, trial)
         ctx = DistContext.detect()
