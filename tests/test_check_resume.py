@@ -1,8 +1,8 @@
 """``accelerate-stateful check-resume`` catches planted resume bugs, naming the step, and passes a correct script.
 
-The script (``tests/check_resume_train.py``, one process: ``python script.py`` keeps the file fast) saves every
-second step; the checker kills it once its records reach step 3, so the resumed run continues from the newest
-checkpoint, whatever step the kill landed after. The expected step is read from the checker's own line about
+The script (``tests/check_resume_train.py``, one process: ``python script.py`` keeps the file fast) saves after
+steps 2 and 6; the checker kills it once its records reach step 3, so the resumed run continues from step 2
+wherever in steps 3 to 5 the kill lands. The expected step is read from the checker's own line about
 the resume, never from a timing.
 """
 
@@ -17,38 +17,47 @@ import pytest
 from accelerate_stateful.training import _record_switch
 from accelerate_stateful.cli._stitch import RecordFiles, compare, stitch
 
-from cli_run import run_module
+from cli_run import run_subprocess
 
 SCRIPT = Path(__file__).resolve().parent / "check_resume_train.py"
 
 
-def _check(tmp_path: Path, *args: str, bug: str = "") -> tuple[int, str, int]:
+def _check(runs: Path, *args: object, bug: str = "") -> tuple[int, str, int]:
     """(exit status, output, the step the resumed run continued from) of a check with one kill after step 3."""
-    done = run_module("check-resume", "--runs", tmp_path, *args, "--",
-                      sys.executable, SCRIPT, *(["--bug", bug] if bug else []))
+    done = run_subprocess([sys.executable, "-m", "accelerate_stateful", "check-resume", "--runs", runs, *args, "--",
+                           sys.executable, SCRIPT, *(["--bug", bug] if bug else [])], timeout=600)
     out = done.stdout + done.stderr
     resumed = re.search(r"resumed from checkpoint_\d+ \(saved after step (\d+)\)", out)
     assert resumed, out
     return done.returncode, out, int(resumed.group(1))
 
 
-def test_a_correct_script_is_identical_and_an_unreached_kill_point_is_reported(tmp_path):
-    status, out, _ = _check(tmp_path, "--at", "3,99")
+@pytest.fixture(scope="module")
+def correct(tmp_path_factory) -> tuple[int, str, Path]:
+    """A check of the correct script; its uninterrupted run is the reference of the planted bugs' checks (a bug
+    acts only after a resume, so their uninterrupted runs are this one: each process start costs seconds)."""
+    runs = tmp_path_factory.mktemp("correct")
+    status, out, _ = _check(runs, "--at", "3,99")
+    return status, out, runs / "uninterrupted" / "records"
+
+
+def test_a_correct_script_is_identical_and_an_unreached_kill_point_is_reported(correct):
+    status, out, _ = correct
     assert status == 0, out
     assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 1 kill(s), 1 resume(s)" in out
     assert "the kill after step 99 was never reached: the run ended first" in out
     assert re.search(r"run 2: resumed from .*first step [\d.]+ s after its start", out)
 
 
-def test_a_loader_that_drops_a_batch_at_a_resume_is_caught_at_the_first_step_after_the_checkpoint(tmp_path):
-    status, out, saved = _check(tmp_path, "--at", "3", bug="drop")
+def test_a_loader_that_drops_a_batch_at_a_resume_is_caught_at_the_first_step_after_the_checkpoint(correct, tmp_path):
+    status, out, saved = _check(tmp_path, "--reference", correct[2], "--at", "3", bug="drop")
     assert status == 1, out
     assert f"DIFFERENT samples from step {saved + 1} (rank 0; after kill 1: SIGKILL after step" in out
     assert re.search(r"expected batch 1 of the step: \[[\d, ]+\] \(digest \w+\)\n  came     batch 1", out)
 
 
-def test_weights_changed_at_a_resume_are_caught_though_the_samples_are_identical(tmp_path):
-    status, out, saved = _check(tmp_path, "--at", "3", "--signal", "TERM", bug="perturb")
+def test_weights_changed_at_a_resume_are_caught_though_the_samples_are_identical(correct, tmp_path):
+    status, out, saved = _check(tmp_path, "--reference", correct[2], "--at", "3", "--signal", "TERM", bug="perturb")
     assert status == 1, out
     assert f"identical samples, weights differ from step {saved + 1} (rank 0; after kill 1: SIGTERM" in out
     assert "expected parameters after the step: digest" in out

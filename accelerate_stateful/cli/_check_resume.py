@@ -51,10 +51,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--workdir", type=Path, metavar="DIR",
                        help="a folder copied afresh for every chain (default: an empty folder); the command runs "
                             "inside it, so its output folders must be relative paths")
+    check.add_argument("--reference", type=Path, metavar="DIR",
+                       help="reuse the uninterrupted run of an earlier check of the same command: its records "
+                            "folder (RUNS/uninterrupted/records)")
     check.add_argument("--runs", type=Path, metavar="DIR",
                        help="where the runs' folders, records and logs go (default: a new temporary folder)")
     check.add_argument("--timeout", type=float, metavar="S", help="longest a run may take (default: 5 times the "
-                                                                  "uninterrupted run, plus 60 s)")
+                                                                  "uninterrupted run, plus 60 s; none with --reference)")
     check.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     check.set_defaults(run=run)
 
@@ -98,17 +101,23 @@ def run(args: argparse.Namespace) -> int:
     say(f"runs, records and logs in {runs_dir}")
     sig = signal.SIGKILL if args.signal == "KILL" else signal.SIGTERM
 
-    reference = _run_command(command, _fresh(runs_dir / "uninterrupted", args.workdir), None, sig, args.timeout, 1)
-    if reference.status != 0:
-        return _failed(reference, "the uninterrupted run")
-    ref = stitch([reference.records])
+    if args.reference is not None:
+        if not args.reference.is_dir():
+            return _usage(f"--reference {args.reference}: no such folder; give RUNS/uninterrupted/records of a check")
+        ref, took = stitch([RecordFiles(args.reference).take()]), None
+    else:
+        reference = _run_command(command, _fresh(runs_dir / "uninterrupted", args.workdir), None, sig, args.timeout, 1)
+        if reference.status != 0:
+            return _failed(reference, "the uninterrupted run")
+        ref, took = stitch([reference.records]), reference.took
     total = max((max(s.steps, default=0) for s in ref.values()), default=0)
-    say(f"uninterrupted run: {total} steps on {len(ref)} rank(s), {reference.took:.1f} s")
+    say(f"uninterrupted run: {total} steps on {len(ref)} rank(s), "
+        + (f"{took:.1f} s" if took is not None else f"its records reused from {args.reference}"))
     if total < 2:
         return _fail("the uninterrupted run recorded fewer than 2 optimizer steps, so there is no point to kill it "
                      "between steps: does the script make its Accelerator, model and optimizer with "
                      "accelerate_stateful.Accelerator and accelerator.prepare(...)?", FAILED)
-    timeout = args.timeout if args.timeout is not None else 5 * reference.took + 60
+    timeout = args.timeout if args.timeout is not None else 5 * took + 60 if took is not None else None
     points = args.at or sorted(random.Random(args.seed).sample(range(1, total), min(args.kills, total - 1)))
     size = args.chain or len(points)
     for number, start in enumerate(range(0, len(points), size), 1):
@@ -120,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_chain(command: list, folder: Path, workdir: Optional[Path], points: list, sig: signal.Signals,
-                 timeout: float, ref: dict, number: int) -> int:
+                 timeout: Optional[float], ref: dict, number: int) -> int:
     """One chain from a fresh folder: a run per kill point, then one that ends on its own; its verdict."""
     work, records = _fresh(folder, workdir), RecordFiles(folder / "records")
     runs: list[Run] = []
