@@ -1,7 +1,8 @@
 """A tiny training script for ``tests/test_check_resume.py``, with resume bugs the checker must catch.
 
 Run as ``python check_resume_train.py [--bug drop|perturb]``, in the folder the checker gives it: it writes its
-checkpoints under ``run/``, saves in the middle of each of its two epochs (steps 2 and 6), and resumes with ``accelerator.resume()``.
+checkpoints under ``run/``, saves in the middle of each of its two epochs (steps 2 and 6), and resumes with
+``accelerator.resume()``.
 
 - no ``--bug``: a correct script; resumed runs continue exactly;
 - ``--bug drop``: a resumed run's loader skips one batch (a loader that drops a batch at a resume);

@@ -56,8 +56,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                             "folder (RUNS/uninterrupted/records)")
     check.add_argument("--runs", type=Path, metavar="DIR",
                        help="where the runs' folders, records and logs go (default: a new temporary folder)")
-    check.add_argument("--timeout", type=float, metavar="S", help="longest a run may take (default: 5 times the "
-                                                                  "uninterrupted run, plus 60 s; none with --reference)")
+    check.add_argument("--timeout", type=float, metavar="S",
+                       help="longest a run may take (default: 5 times the uninterrupted run, plus 60 s; none with "
+                            "--reference)")
     check.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     check.set_defaults(run=run)
 
@@ -236,8 +237,8 @@ def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals)
     else:
         start = "started fresh (no complete checkpoint to resume from)"
     timing = f", first step {first:.2f} s after its start" if first is not None else ", no step"
-    end = (f"killed (SIG{sig.name[3:]}) after step {run_.killed_after}" if run_.killed_after is not None
-           else f"ended on its own (status {run_.status})")
+    end = (f"killed ({sig.name} sent once it had recorded step {run_.killed_after})"
+           if run_.killed_after is not None else f"ended on its own (status {run_.status})")
     say(f"{head} {start}{timing}; {end}")
 
 
@@ -255,7 +256,8 @@ def _verdict_text(verdict: Verdict, runs: list[Run], sig: signal.Signals, ranks:
     head = (f"identical samples, weights differ from step {verdict.step}" if verdict.kind == "weights"
             else f"DIFFERENT samples from step {verdict.step}")
     lines = [f"{head} (rank {verdict.rank}; {_after_kill(verdict, runs, sig)}; {where}):"]
-    lines += [f"  expected {e}" for e in verdict.expected] + [f"  came     {c}" for c in verdict.came]
+    for expected, came in zip(verdict.expected, verdict.came):
+        lines += [f"  expected {expected}", f"  came     {came}"]
     return "\n".join(lines)
 
 
@@ -264,7 +266,7 @@ def _after_kill(verdict: Verdict, runs: list[Run], sig: signal.Signals) -> str:
         return ("before any kill: the first run already differs, so the script does not repeat itself when run "
                 "twice (unseeded randomness, or the output folder not fresh?)")
     killed = runs[verdict.run - 1]
-    return f"after kill {verdict.run}: SIG{sig.name[3:]} after step {killed.killed_after}, then run {verdict.run + 1}"
+    return f"after kill {verdict.run}: {sig.name} at step {killed.killed_after}, then run {verdict.run + 1}"
 
 
 def _failed(run_: Run, which: str) -> int:

@@ -91,7 +91,10 @@ def _first_tensor(value: Any, name: str, integer: bool) -> Optional[tuple[str, t
     if isinstance(value, torch.Tensor):
         fits = not (value.is_floating_point() or value.is_complex()) or not integer
         return (name, value) if fits and value.numel() else None
-    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    if isinstance(value, Mapping):
+        items: Any = value.items()
+    else:
+        items = enumerate(value) if isinstance(value, (list, tuple)) else ()
     for key, item in items:
         found = _first_tensor(item, str(key) if isinstance(value, Mapping) else name, integer)
         if found is not None:
