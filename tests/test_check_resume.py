@@ -85,6 +85,7 @@ def test_a_record_line_cut_by_a_kill_is_read_as_nothing(tmp_path):
 def test_recording_is_off_unless_the_checker_asks(monkeypatch, tmp_path):
     from accelerate_stateful import Accelerator
 
+    monkeypatch.setattr(_record_switch, "active", None)  # put back after the test, whatever it leaves
     monkeypatch.delenv(_record_switch.RECORD_ENV, raising=False)
     Accelerator(cpu=True)
     assert _record_switch.active is None
