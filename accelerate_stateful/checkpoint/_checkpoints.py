@@ -150,14 +150,25 @@ def _verdict(failure: Exception) -> dict:
 
 def _shared_error(failed: list[tuple[int, dict]]) -> Exception:
     rank, first = failed[0]
-    for kind in filter(None, map(_buildable, first["classes"])):
+    others = "".join(f"\nrank {r} failed too ({v['name']}): {v['message']}" for r, v in failed[1:])
+
+    def message(kind: type) -> str:
         named = "" if first["name"] == kind.__name__ else f" ({first['name']})"
-        message = f"rank {rank} failed{named}: {first['message']}"
-        message += "".join(f"\nrank {r} failed too ({v['name']}): {v['message']}" for r, v in failed[1:])
+        return f"rank {rank} failed{named}: {first['message']}{others}"
+
+    return rebuild(first, message)
+
+
+def rebuild(verdict: dict, message: Callable[[type], str]) -> Exception:
+    """The error of ``verdict`` (see :func:`_verdict`) on a rank that did not raise it, with ``message(class)``:
+    its class where every rank can build it (the package's own errors and Python's built-in ones), else the
+    nearest such base."""
+    for kind in filter(None, map(_buildable, verdict["classes"])):
+        text = message(kind)
         error = kind.__new__(kind)
-        BaseException.__init__(error, message)
-        error.__dict__.update(first["attributes"])
-        if str(error) == message:  # a class whose message is more than its text (KeyError) takes its base
+        BaseException.__init__(error, text)
+        error.__dict__.update(verdict["attributes"])
+        if str(error) == text:  # a class whose message is more than its text (KeyError) takes its base
             return error
     raise AssertionError("unreachable: Exception itself is always buildable")
 
