@@ -156,3 +156,21 @@ def test_processes_sharing_a_folder_hash_every_file_exactly_once_the_largest_spr
     shares = [_integrity.share(sizes, sizes, index, 3) for index in range(3)]
     assert shares == [["model"], ["optimizer"], ["a", "b", "c"]]
     assert _integrity.share(sizes, sizes, 0, 1) == sorted(sizes)
+
+
+def test_the_trainer_refuses_a_checkpoint_whose_model_changed_before_loading_it(tmp_path, fresh_accelerate_state):
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from accelerate_stateful.transformers import StatefulTrainer
+
+    def trainer(steps: int) -> StatefulTrainer:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1))
+        args = TrainingArguments(str(tmp_path), report_to=[], use_cpu=True, max_steps=steps, save_steps=1)
+        return StatefulTrainer(model=model, args=args, train_dataset=[{"input_ids": [1, 2], "labels": [1, 2]}] * 4)
+
+    trainer(1).train()
+    flip(tmp_path / "checkpoint-1" / "model.safetensors")
+    fresh_accelerate_state._reset_state(True)
+    with pytest.raises(CheckpointError, match=r"checkpoint-1/model.safetensors does not match the hash"):
+        trainer(2).train(resume_from_checkpoint=True)
+    assert not (tmp_path / "checkpoint-2").exists()  # nothing was trained or saved
