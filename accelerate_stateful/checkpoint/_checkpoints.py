@@ -302,7 +302,8 @@ def seal(ctx: DistContext, folder: Path, *, num_loaders: int, entries: dict[str,
     # wrote into it (their loader files were hashed as they were written); the leader takes their entries.
     position = members.index(ctx.rank) if ctx.rank in members else 0  # a simulated rank: no peers gathered
     mine = agree(ctx, lambda: _files.hash_share(folder, position, len(members), entries))
-    hashed = {rel: entry for f, found in zip(folders, ctx.all_gather(mine)) if f == here for rel, entry in found.items()}
+    shares = [found for f, found in zip(folders, ctx.all_gather(mine)) if f == here]
+    hashed = {rel: entry for found in shares for rel, entry in found.items()}
 
     def write() -> None:
         if not leader:

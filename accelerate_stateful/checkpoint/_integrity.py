@@ -116,7 +116,8 @@ def file_problem(checkpoint: Path, rel: str, entry: dict, hashes: bool) -> Optio
     path = Path(checkpoint) / rel
     size = size_of(path)
     if size is None:
-        return f"{checkpoint} is incomplete: {rel} is listed in its manifest but missing; resume from another checkpoint"
+        return (f"{checkpoint} is incomplete: {rel} is listed in its manifest but missing; resume from another "
+                "checkpoint")
     if size != entry.get("size"):
         return (f"{path} has {size} bytes, its manifest says {entry.get('size')}; the file is truncated or was "
                 "replaced, resume from another checkpoint")

@@ -172,7 +172,8 @@ def _read_manifest(ckpt: Checkpoint, hashes: bool) -> None:
     ckpt.world_size, ckpt.num_loaders = int(manifest["world_size"]), int(manifest["num_loaders"])
     if damage is not None:  # first: what the damaged manifest says about the files is shown, not trusted
         ckpt.problems.append(damage)
-    ckpt.problems += [Problem(name, message) for name, message in _integrity.problems(ckpt.path, manifest, hashes=hashes)]
+    found = _integrity.problems(ckpt.path, manifest, hashes=hashes)
+    ckpt.problems += [Problem(name, message) for name, message in found]
 
 
 def _parse_manifest(path: Path) -> Optional[dict]:
