@@ -294,6 +294,9 @@ def seal(ctx: DistContext, folder: Path, *, num_loaders: int, entries: dict[str,
 
     Args:
         entries: This rank's loader files (size, sha256), known from the bytes it wrote.
+
+    Every file of each folder is listed with its size and SHA-256: the processes that share a folder hash
+    its files between them (each file once, the largest spread first), right after they were written.
     """
     save_id = ctx.broadcast(uuid.uuid4().hex)
     probe = folder / _files.SUBDIR / f".main.{save_id}"
@@ -306,12 +309,18 @@ def seal(ctx: DistContext, folder: Path, *, num_loaders: int, entries: dict[str,
     folders = ctx.all_gather(here)
     members = [r for r, f in enumerate(folders) if f == here]
     leader = members[0] == ctx.rank
+    # Every file of the folder is hashed for its manifest, the files shared out between the processes that
+    # wrote into it (their loader files were hashed as they were written); the leader takes their entries.
+    position = members.index(ctx.rank) if ctx.rank in members else 0  # a simulated rank: no peers gathered
+    mine = agree(ctx, lambda: _files.hash_share(folder, position, len(members), entries))
+    shares = [found for f, found in zip(folders, ctx.all_gather(mine)) if f == here]
+    hashed = {rel: entry for found in shares for rel, entry in found.items()}
 
     def write() -> None:
         if not leader:
             return
         _files.write_manifest(folder, world_size=ctx.world_size, num_loaders=num_loaders, ranks=members,
-                              hashes=entries, extra={"save_id": save_id})
+                              hashes=hashed, extra={"save_id": save_id})
         probe.unlink(missing_ok=True)
         if root is not None and keep is not None:
             rotate(root, keep=keep, just_written=folder)
