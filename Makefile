@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(PYTHON_VERSION)
 
-.PHONY: install test test-fast demo demo-trainer bench docs docs-check torture soak programs dist clean
+.PHONY: install test test-full test-fast demo demo-trainer bench docs docs-check torture soak programs dist clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv --clear $(VENV)
@@ -34,6 +34,10 @@ PYTEST_WORKERS ?= 2
 TEST_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo $${TMPDIR:-/tmp})
 test: install
 	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+
+# Every configuration of every property grid (make test runs a fixed sample of the large ones: tests/conftest.py).
+test-full: install
+	TMPDIR=$(TEST_TMPDIR) ACCELERATE_STATEFUL_GRID=full $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # A wheel for your own project's environment: pip install "dist/accelerate_stateful-<version>-py3-none-any.whl[transformers]"
 dist: install
