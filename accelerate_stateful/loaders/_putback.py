@@ -1,0 +1,69 @@
+"""What a checkpoint records of a live pass: the batches the model was trained on, not the ones handed out after.
+
+Training is attributed by program order (``training._training``). A look-ahead prefetcher (``nxt = next(it)``,
+then train on the previous batch) or a save at the top of a step (after ``next()``, before the backward) has
+taken batches the model was not trained on yet when ``save_state()`` runs. The uninterrupted run trains them
+next, so the resumed run must hand them out again: the checkpoint records the position before them (the batches
+a live pass handed out after the last training event of a loader the model trains on, ``Lifecycle.put_back``).
+
+Where the position is a count (the shard and batch-sampler loaders, and the skip view over them) the variant
+computes its state that many batches earlier (``_state_before``). A variant that cannot go back cheaply (a stream
+read by workers, the dispatcher, round-robin) records where it stands, and the save says so in one warning naming
+the loader and the batches it counts as trained. The counts are program-order facts, the same on every rank, and
+part of the digest every rank compares at the save (``Lifecycle.digest``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .._context import DistContext
+from .._log import get_logger
+from ._passes import PASS
+
+logger = get_logger(__name__)
+
+
+def checkpoint_state(loader: Any) -> tuple[dict, int, int]:
+    """``(state a checkpoint records, batches put back, batches it counts as trained although they were not)``.
+
+    A pure read, like ``state_dict()``: the loader's position does not move.
+    """
+    life = loader._life
+    count = life.put_back()
+    if count == 0:
+        return loader.state_dict(), 0, 0
+    live = life.live
+    mark = live.at_end if live.complete else loader._position_mark()
+    state = None if mark is None else loader._state_before(mark, count)
+    if state is None:
+        return loader.state_dict(), 0, count
+    state[PASS] = life.entry(put_back=True)
+    return state, count, 0
+
+
+def checkpoint_states(ctx: DistContext, loaders: Sequence[Any], call: str) -> list[dict]:
+    """Every loader's :func:`checkpoint_state`, with one warning for each loader whose put-back is not certain:
+    it could not go back, or it read a first step that took several batches as a look-ahead."""
+    states = []
+    for index, loader in enumerate(loaders):
+        state, put_back, kept = checkpoint_state(loader)
+        name = f"loader {index} (the {loader.mode} loader over {type(loader.dataset).__name__})"
+        if kept and ctx.is_main:  # the same on every rank (program order): said once
+            logger.warning(
+                "at %s, %s had handed out %d batch(es) the model was not trained on yet (taken after the last "
+                "training step, or fetched ahead); this loader cannot put them back, so the checkpoint counts them "
+                "as trained and a resumed run will not see them. Save at the end of the step, after the backward "
+                "pass and the optimizer step, and before fetching the next batch",
+                call, name, kept,
+            )
+        elif put_back and loader._life.put_back_is_a_guess() and ctx.is_main:
+            logger.warning(
+                "at %s, %s had handed out %d batches before its pass's first training step; the checkpoint counts "
+                "%d of them as fetched ahead and not trained (a look-ahead prefetcher), so a resumed run hands them "
+                "out again. If that step trained on all of them (several batches a step), save after the next step "
+                "instead: from its second step on, a pass tells the two apart",
+                call, name, loader._life.live.trained_at, put_back,
+            )
+        states.append(state)
+    return states
