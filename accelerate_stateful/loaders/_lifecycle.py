@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ..training import _training
-from . import _holders
+from . import _holders, _putback
 from ._passes import PASS, Kind, PassHandle, PassOrigin, PassRecord, Phase, check_entry
 
 if TYPE_CHECKING:
@@ -331,28 +331,8 @@ class Lifecycle:
 
     # ----------------------------------------------------------------- state
     def put_back(self) -> int:
-        """How many batches the live pass handed out that the model was not trained on yet, on a loader the model
-        trains on: a checkpoint does not count them as taken (a query; program-order facts, alike on every rank).
-
-        A loop that trains one batch a step (each training step after the pass's first took one batch: a plain
-        loop, a look-ahead prefetcher, accumulation's micro-steps) trained as many batches as it made steps; the
-        rest (the look-ahead, the batch of a step saved at its top) are put back. A loop that trains on several
-        batches a step trained every batch taken before its last step. None for a loader the model was never
-        trained on (an evaluation saved inside its loop used every batch it took), nor for a re-run pass.
-        """
-        live = self.live
-        if live is None or live.kind in (Kind.REPLAY, Kind.BOUNDARY) or not (self.trains or live.trained):
-            return 0
-        if live.several or (live.steps < 2 and self.one_a_step is False):
-            return live.handed - live.trained_at
-        return live.handed - live.steps
-
-    def put_back_is_a_guess(self) -> bool:
-        """Whether :meth:`put_back` read a first step that took several batches as a look-ahead with nothing to
-        tell it from a step trained on all of them (no later step of this pass, no earlier pass)."""
-        live = self.live
-        return (self.put_back() > 0 and live.steps == 1 and live.trained_at > 1 and not live.several
-                and self.one_a_step is None)
+        """How many batches of the live pass a checkpoint puts back (``_putback.count``)."""
+        return _putback.count(self)
 
     def entry(self, put_back: bool = False) -> Optional[dict]:
         """The ``"pass"`` entry of ``state_dict()``: the live (or waiting) pass a resume continues.

@@ -19,9 +19,36 @@ from typing import Any, Sequence
 
 from .._context import DistContext
 from .._log import get_logger
-from ._passes import PASS
+from ._passes import PASS, Kind
 
 logger = get_logger(__name__)
+
+
+def count(life: Any) -> int:
+    """How many batches the live pass of ``life`` (a ``Lifecycle``) handed out that the model was not trained on
+    yet, on a loader the model trains on: a checkpoint does not count them as taken (a query; program-order
+    facts, alike on every rank).
+
+    A loop that trains one batch a step (each training step after the pass's first took one batch: a plain loop,
+    a look-ahead prefetcher, accumulation's micro-steps) trained as many batches as it made steps; the rest (the
+    look-ahead, the batch of a step saved at its top) are put back. A loop that trains on several batches a step
+    trained every batch taken before its last step. None for a loader the model was never trained on (an
+    evaluation saved inside its loop used every batch it took), nor for a re-run pass.
+    """
+    live = life.live
+    if live is None or live.kind in (Kind.REPLAY, Kind.BOUNDARY) or not (life.trains or live.trained):
+        return 0
+    if live.several or (live.steps < 2 and life.one_a_step is False):
+        return live.handed - live.trained_at
+    return live.handed - live.steps
+
+
+def is_a_guess(life: Any) -> bool:
+    """Whether :func:`count` read a first step that took several batches as a look-ahead, with nothing to tell it
+    from a step trained on all of them (no later step of this pass, no earlier pass)."""
+    live = life.live
+    return (count(life) > 0 and live.steps == 1 and live.trained_at > 1 and not live.several
+            and life.one_a_step is None)
 
 
 def checkpoint_state(loader: Any) -> tuple[dict, int, int]:
@@ -57,7 +84,7 @@ def checkpoint_states(ctx: DistContext, loaders: Sequence[Any], call: str) -> li
                 "pass and the optimizer step, and before fetching the next batch",
                 call, name, kept,
             )
-        elif put_back and loader._life.put_back_is_a_guess() and ctx.is_main:
+        elif put_back and is_a_guess(loader._life) and ctx.is_main:
             logger.warning(
                 "at %s, %s had handed out %d batches before its pass's first training step; the checkpoint counts "
                 "%d of them as fetched ahead and not trained (a look-ahead prefetcher), so a resumed run hands them "
