@@ -59,6 +59,8 @@ NOT_DRAWN: dict[str, str] = {
     "_lines.py": "the lines a run prints once: where it resumed, a fresh start, data no checkpoint holds",
     "loaders/_passes.py": "a pass: the iterator the loop holds, the record the loader judges it by; " + _PLUMBING,
     "loaders/_holders.py": "names a kept exception that holds a live pass at a save; part of _lifecycle.py",
+    "loaders/_putback.py": "what a save records of a live pass: its batches not trained yet put back; part of "
+                           "_lifecycle.py",
     "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
     "loaders/_broadcast.py": "the dispatcher's one broadcast per step (a batch, the end, or the reader's error); "
                              "part of dispatch.py",
