@@ -66,6 +66,8 @@ NOT_DRAWN: dict[str, str] = {
                              "part of dispatch.py",
     "checkpoint/_compare.py": "what every process must share at a save, compared with the elastic merge's own "
                               "function; part of _in_step.py",
+    "checkpoint/_pending.py": "saved states of loaders prepared after a load, given to each when it is prepared; "
+                              "part of _resume.py",
     "checkpoint/_integrity.py": "every file of a checkpoint listed, sized and hashed, and the manifest's checksum; "
                                 "part of _files.py",
     "loaders/_forking.py": "warns where the interpreter cannot fork workers safely (CPython gh-112275)",
