@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(PYTHON_VERSION)
 
-.PHONY: install test test-fast demo demo-trainer bench docs docs-check torture soak dist clean
+.PHONY: install test test-full test-fast demo demo-trainer bench docs docs-check torture soak programs dist clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv --clear $(VENV)
@@ -35,6 +35,10 @@ TEST_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo 
 test: install
 	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
+# Every configuration of every property grid (make test runs a fixed sample of the large ones: tests/conftest.py).
+test-full: install
+	TMPDIR=$(TEST_TMPDIR) ACCELERATE_STATEFUL_GRID=full $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+
 # A wheel for your own project's environment: pip install "dist/accelerate_stateful-<version>-py3-none-any.whl[transformers]"
 dist: install
 	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
@@ -48,6 +52,12 @@ demo: install
 # A 2-process 🤗 Trainer run SIGKILLed, then SIGTERMed, each time restarted with the same command; compared with an uninterrupted run.
 demo-trainer: install
 	$(PY) examples/trainer.py --demo
+
+# Hundreds of generated training programs (tests/lifecycle_programs.py) on 2 and 3 real processes, the ranks
+# differing in what must not matter; the suite runs 20 of them. LIFECYCLE_MP_SEED picks another first seed.
+programs: install
+	TMPDIR=$(TEST_TMPDIR) LIFECYCLE_MP_LAUNCHES=$${LIFECYCLE_MP_LAUNCHES:-2:300:30,3:150:15} \
+		$(PY) -m pytest -q -s tests/test_lifecycle_mp.py
 
 # 50 kills at random instants (half aimed inside save_state), total_limit 1 then 3, a new seed each time.
 torture: install

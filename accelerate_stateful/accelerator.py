@@ -26,7 +26,7 @@ from .checkpoint import _stock
 from .training import _rng
 from .training import _training
 from .training._agreement import agree_after_elastic_load
-from .loaders import _untracked
+from .loaders import _putback, _untracked
 from .loaders._adapter import DataLoaderAdapter
 from ._context import DistContext
 from .loaders.batchsampler import BatchSamplerDataLoader, uses_batch_sampler
@@ -190,7 +190,8 @@ class Accelerator(accelerate.Accelerator):
             _record_switch.active.saving(output_dir)
         loaders = self.stateful_loaders
         contents = _checkpoints.agree(
-            ctx, lambda: [_files.encode_state(state) for state in [dl.state_dict() for dl in loaders] + unprepared])
+            ctx, lambda: [_files.encode_state(state) for state in
+                          _putback.checkpoint_states(ctx, loaders, "accelerator.save_state()") + unprepared])
 
         def accelerate_save() -> None:
             with self._accelerate_view():

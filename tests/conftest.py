@@ -4,6 +4,7 @@ Accelerate state for tests that build ``Accelerator`` objects."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 
 import pytest
@@ -20,10 +21,46 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# The property grids (a test over many configurations) run a fixed sample in ``make test``, so the suite stays
+# under 15 minutes on 2 cores; ``make test-full`` (ACCELERATE_STATEFUL_GRID=full) runs every configuration, and
+# ACCELERATE_STATEFUL_GRID=<word> draws another sample. Real-process launches always run whole.
+GRID_ENV = "ACCELERATE_STATEFUL_GRID"
+GRID_WHOLE = 8  # a grid of up to this many configurations runs whole
+GRID_SHARE = 3  # of a larger one, one configuration in this many (at least GRID_WHOLE)
+
+
+def _sample_grids(config: pytest.Config, items: list) -> None:
+    salt = os.environ.get(GRID_ENV, "")
+    if salt == "full":
+        return
+    grids: dict = {}
+    for item in items:
+        if getattr(item, "callspec", None) is not None and not item.get_closest_marker("multiprocess"):
+            grids.setdefault((item.path, item.originalname), []).append(item)
+    left_out = set()
+    for grid in grids.values():
+        keep = max(GRID_WHOLE, -(-len(grid) // GRID_SHARE))
+        ranked = sorted(grid, key=lambda item: hashlib.sha1(f"{salt}{item.nodeid}".encode()).hexdigest())
+        left_out.update(id(item) for item in ranked[keep:])
+    if left_out:
+        config.hook.pytest_deselected(items=[item for item in items if id(item) in left_out])
+        items[:] = [item for item in items if id(item) not in left_out]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    salt = os.environ.get(GRID_ENV, "")
+    if salt == "full":
+        return "property grids: every configuration (ACCELERATE_STATEFUL_GRID=full)"
+    return (f"property grids: a fixed sample, at least {GRID_WHOLE} and 1 in {GRID_SHARE} configurations of each "
+            f"(sample '{salt}'; make test-full runs every one)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """With pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): the launches of real processes run
-    one after another on one worker, first (they take longest and each uses the cores of several ranks), and
-    every other test file runs whole on one worker, its module fixtures once. In one process: as collected."""
+    """Grids sampled (above). With pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): the launches
+    of real processes run one after another on one worker, first (they take longest and each uses the cores of
+    several ranks), and every other test file runs whole on one worker, its module fixtures once. In one
+    process: as collected."""
+    _sample_grids(config, items)
     if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
         return
     launches = [item for item in items if item.get_closest_marker("multiprocess")]

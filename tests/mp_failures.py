@@ -34,7 +34,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader, Sampler
 
 from accelerate_stateful import Accelerator
-from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _files, _integrity
 from accelerate_stateful.errors import CheckpointError, LifecycleError, StatefulLoaderError, StateMismatchError
 import mp_harness_rank
 from streams import CountingStream
@@ -252,6 +252,7 @@ def resume_skips_a_checkpoint_refused_on_one_rank(out: Path, rank: int) -> dict:
         manifest_path = newest / _files.SUBDIR / _files.MANIFEST
         manifest = json.loads(manifest_path.read_text())
         manifest["files"] = {rel: 5 for rel in manifest["files"]}
+        manifest[_integrity.CHECKSUM] = _integrity.checksum(manifest)  # consistent, as a faulty writer's would be
         manifest_path.write_text(json.dumps(manifest))
     dist.barrier()
     again = make(project, automatic=True)

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "bitwise_train.py"
 SEED = int(os.environ.get("BITWISE_SEED", "0"))
 SAMPLES, BATCH, SAVE_EVERY, ACCUMULATION = 48, 4, 3, 2
-EPOCHS = {1: 2, 2: 3}
+EPOCHS = {1: 2, 2: 2}
 KILLS = {1: 2, 2: 1}
 LAUNCH_TIMEOUT_S = 180
 

@@ -17,7 +17,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator, CheckpointError, DistContext, UnsupportedConfigError
-from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _files, _integrity
 from accelerate_stateful.checkpoint import _resume
 from accelerate_stateful.checkpoint._versions import refuse_unknown_version
 from scripts import load_script
@@ -48,6 +48,7 @@ def numbers(root: Path) -> list[int]:
 def _edit(path: Path, **changes) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
+    data[_integrity.CHECKSUM] = _integrity.checksum(data)  # consistent, as a faulty writer's would be
     path.write_text(json.dumps(data))
 
 

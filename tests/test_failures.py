@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Sampler
 import mp_harness
 from accelerate_stateful import Accelerator
 from accelerate_stateful._context import DistContext, collective_timeout, package_timeout
-from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _files, _integrity
 from accelerate_stateful.checkpoint._checkpoints import ENTRY_TIMEOUT_ENV, _shared_error, _verdict
 from accelerate_stateful.checkpoint._versions import UnknownVersionError
 from accelerate_stateful.errors import (
@@ -184,6 +184,7 @@ def test_a_manifest_entry_that_is_not_a_size_and_hash_is_refused_as_damaged(tmp_
     manifest_path = path / _files.SUBDIR / _files.MANIFEST
     manifest = json.loads(manifest_path.read_text())
     manifest["files"] = {rel: 5 for rel in manifest["files"]}
+    manifest[_integrity.CHECKSUM] = _integrity.checksum(manifest)  # consistent, as a faulty writer's would be
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match=r"MANIFEST.json is damaged .*are not \{'size': int, 'sha256': str\}"):
         _files.load_manifest(path)

@@ -35,7 +35,7 @@ from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from accelerate_stateful import Accelerator, CheckpointError, StateMismatchError, UnsupportedConfigError
-from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.checkpoint import _files, _integrity
 
 N, BATCH, SEED = 22, 4, 0
 STATE = Path(_files.SUBDIR)
@@ -182,6 +182,7 @@ def _edit_manifest(**changes) -> Callable[[Path], None]:
         manifest = json.loads((checkpoint / MANIFEST).read_text())
         for key, change in changes.items():
             manifest[key] = change(manifest[key]) if callable(change) else change
+        manifest[_integrity.CHECKSUM] = _integrity.checksum(manifest)  # consistent, as a faulty writer's would be
         (checkpoint / MANIFEST).write_text(json.dumps(manifest))
     return edit
 

@@ -59,11 +59,17 @@ NOT_DRAWN: dict[str, str] = {
     "_lines.py": "the lines a run prints once: where it resumed, a fresh start, data no checkpoint holds",
     "loaders/_passes.py": "a pass: the iterator the loop holds, the record the loader judges it by; " + _PLUMBING,
     "loaders/_holders.py": "names a kept exception that holds a live pass at a save; part of _lifecycle.py",
+    "loaders/_putback.py": "what a save records of a live pass: its batches not trained yet put back; part of "
+                           "_lifecycle.py",
     "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
     "loaders/_broadcast.py": "the dispatcher's one broadcast per step (a batch, the end, or the reader's error); "
                              "part of dispatch.py",
     "checkpoint/_compare.py": "what every process must share at a save, compared with the elastic merge's own "
                               "function; part of _in_step.py",
+    "checkpoint/_pending.py": "saved states of loaders prepared after a load, given to each when it is prepared; "
+                              "part of _resume.py",
+    "checkpoint/_integrity.py": "every file of a checkpoint listed, sized and hashed, and the manifest's checksum; "
+                                "part of _files.py",
     "loaders/_forking.py": "warns where the interpreter cannot fork workers safely (CPython gh-112275)",
     "loaders/_channels.py": "stream workers' side channel for their snapshots; " + _PLUMBING,
     "loaders/_untracked.py": "which loaders are left to Accelerate's own prepare, with a warning; " + _PLUMBING,

@@ -150,14 +150,25 @@ def _verdict(failure: Exception) -> dict:
 
 def _shared_error(failed: list[tuple[int, dict]]) -> Exception:
     rank, first = failed[0]
-    for kind in filter(None, map(_buildable, first["classes"])):
+    others = "".join(f"\nrank {r} failed too ({v['name']}): {v['message']}" for r, v in failed[1:])
+
+    def message(kind: type) -> str:
         named = "" if first["name"] == kind.__name__ else f" ({first['name']})"
-        message = f"rank {rank} failed{named}: {first['message']}"
-        message += "".join(f"\nrank {r} failed too ({v['name']}): {v['message']}" for r, v in failed[1:])
+        return f"rank {rank} failed{named}: {first['message']}{others}"
+
+    return rebuild(first, message)
+
+
+def rebuild(verdict: dict, message: Callable[[type], str]) -> Exception:
+    """The error of ``verdict`` (see :func:`_verdict`) on a rank that did not raise it, with ``message(class)``:
+    its class where every rank can build it (the package's own errors and Python's built-in ones), else the
+    nearest such base."""
+    for kind in filter(None, map(_buildable, verdict["classes"])):
+        text = message(kind)
         error = kind.__new__(kind)
-        BaseException.__init__(error, message)
-        error.__dict__.update(first["attributes"])
-        if str(error) == message:  # a class whose message is more than its text (KeyError) takes its base
+        BaseException.__init__(error, text)
+        error.__dict__.update(verdict["attributes"])
+        if str(error) == text:  # a class whose message is more than its text (KeyError) takes its base
             return error
     raise AssertionError("unreachable: Exception itself is always buildable")
 
@@ -283,6 +294,9 @@ def seal(ctx: DistContext, folder: Path, *, num_loaders: int, entries: dict[str,
 
     Args:
         entries: This rank's loader files (size, sha256), known from the bytes it wrote.
+
+    Every file of each folder is listed with its size and SHA-256: the processes that share a folder hash
+    its files between them (each file once, the largest spread first), right after they were written.
     """
     save_id = ctx.broadcast(uuid.uuid4().hex)
     probe = folder / _files.SUBDIR / f".main.{save_id}"
@@ -295,12 +309,18 @@ def seal(ctx: DistContext, folder: Path, *, num_loaders: int, entries: dict[str,
     folders = ctx.all_gather(here)
     members = [r for r, f in enumerate(folders) if f == here]
     leader = members[0] == ctx.rank
+    # Every file of the folder is hashed for its manifest, the files shared out between the processes that
+    # wrote into it (their loader files were hashed as they were written); the leader takes their entries.
+    position = members.index(ctx.rank) if ctx.rank in members else 0  # a simulated rank: no peers gathered
+    mine = agree(ctx, lambda: _files.hash_share(folder, position, len(members), entries))
+    shares = [found for f, found in zip(folders, ctx.all_gather(mine)) if f == here]
+    hashed = {rel: entry for found in shares for rel, entry in found.items()}
 
     def write() -> None:
         if not leader:
             return
         _files.write_manifest(folder, world_size=ctx.world_size, num_loaders=num_loaders, ranks=members,
-                              hashes=entries, extra={"save_id": save_id})
+                              hashes=hashed, extra={"save_id": save_id})
         probe.unlink(missing_ok=True)
         if root is not None and keep is not None:
             rotate(root, keep=keep, just_written=folder)

@@ -13,7 +13,8 @@ Layout inside a checkpoint directory::
         MANIFEST.json                 written last, after every rank finished, by one process per folder
 
 Where ranks do not share the folder (node-local disks, a folder per process), each folder gets a
-manifest of its own listing the ranks whose states it holds (see ``_checkpoints``).
+manifest of its own listing the ranks whose states it holds (see ``_checkpoints``). The manifest lists
+every file of its folder with its size and SHA-256 (``_integrity``), and a checksum of itself.
 
 ``IO`` counts the files this module opens for reading and the ``stat`` calls it makes, so that a
 benchmark can report the reads a resume costs each rank.
@@ -27,10 +28,11 @@ import json
 import os
 import re
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
+from . import _integrity
+from ._integrity import IO, MANIFEST, SUBDIR
 from ._versions import refuse_unknown_version
 from ..errors import CheckpointError, StateSerializationError
 
@@ -39,8 +41,6 @@ if TYPE_CHECKING:
 
 # torch is imported where tensors are written or read, not here: the command line reads states without it.
 
-SUBDIR = "accelerate_stateful"
-MANIFEST = "MANIFEST.json"
 MANIFEST_VERSION = 1
 SUPPORTED_MANIFEST_VERSIONS = (1,)
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
@@ -49,22 +49,12 @@ _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 _TENSOR, _TUPLE, _BYTES, _PAIRS = "__tensor__", "__tuple__", "__bytes__", "__pairs__"
 _MARKERS = {_TENSOR, _TUPLE, _BYTES, _PAIRS}
 
-# Reads made by this module: "open" (a file read), "stat" (a size or existence check).
-IO: Counter = Counter()
-
-
 def _read_bytes(path: Path) -> bytes:
     IO["open"] += 1
     return Path(path).read_bytes()
 
 
-def _size(path: Path) -> Optional[int]:
-    """The size of ``path``, or ``None`` where it is not a file."""
-    IO["stat"] += 1
-    try:
-        return path.stat().st_size if path.is_file() else None
-    except OSError:
-        return None
+_size = _integrity.size_of
 
 
 # --------------------------------------------------------------------------- encoding
@@ -171,16 +161,7 @@ def human_size(size: int) -> str:
 
 def file_entry(path: Path) -> dict:
     """A manifest entry (size, sha256) for a file this process has just written."""
-    return {"size": Path(path).stat().st_size, "sha256": _sha256(path)}
-
-
-def _sha256(path: Path) -> str:
-    IO["open"] += 1
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return {"size": Path(path).stat().st_size, "sha256": _integrity.sha256_file(path)}
 
 
 # --------------------------------------------------------------------------- loader states
@@ -302,45 +283,46 @@ def _check_bytes(checkpoint: Path, path: Path, raw: bytes, manifest: Optional[di
 # --------------------------------------------------------------------------- manifest
 def write_manifest(checkpoint: Path, *, world_size: int, num_loaders: int, extra: Optional[dict] = None,
                    ranks: Optional[Iterable[int]] = None, hashes: Optional[dict[str, dict]] = None) -> Path:
-    """Record every file of the checkpoint folder (size, and hash for ours); written last, atomically.
+    """Record every file of the checkpoint folder (size and sha256) and the manifest's own checksum; written
+    last, atomically.
 
     Args:
         ranks: The ranks whose states this folder holds (all of them by default).
-        hashes: Entries (size, sha256) of files already known to the caller, so they are not read again.
+        hashes: Entries (size, sha256) of files already hashed (as they were written, or by the other
+            processes of the folder), so they are not read again.
     """
     checkpoint = Path(checkpoint)
-    hashes = hashes or {}
-    files = {}
-    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        rel = path.relative_to(checkpoint).as_posix()
-        if rel == f"{SUBDIR}/{MANIFEST}":
-            continue
-        entry = {"size": path.stat().st_size}
-        if rel.startswith(f"{SUBDIR}/"):
-            known = hashes.get(rel)
-            entry["sha256"] = known["sha256"] if known and known["size"] == entry["size"] else _sha256(path)
-        files[rel] = entry
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         "world_size": world_size,
         "num_loaders": num_loaders,
         "ranks": sorted(range(world_size) if ranks is None else ranks),
-        "files": files,
+        "files": _integrity.entries(checkpoint, _integrity.listing(checkpoint), known=hashes),
         **(extra or {}),
     }
+    manifest[_integrity.CHECKSUM] = _integrity.checksum(manifest)
     path = checkpoint / SUBDIR / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return path
 
 
+def hash_share(checkpoint: Path, index: int, count: int, known: Optional[dict[str, dict]] = None) -> dict[str, dict]:
+    """Entries (size, sha256) of the files of ``checkpoint`` that process ``index`` of the ``count`` sharing the
+    folder hashes for its manifest (:func:`_integrity.share`)."""
+    names = _integrity.listing(checkpoint)
+    sizes = {rel: (Path(checkpoint) / rel).stat().st_size for rel in names}
+    return _integrity.entries(checkpoint, _integrity.share(names, sizes, index, count), known=known)
+
+
 def read_manifest(checkpoint: Path) -> dict:
     """The manifest of a complete checkpoint; raises ``CheckpointError`` for an incomplete or damaged one.
 
-    Checks every file the manifest lists (a stat each, and a hash of ours): the whole folder.
+    Checks that every file the manifest lists is present with its size (a stat each), and the hashes of this
+    package's own files; :func:`verify_files` checks every hash.
     """
     manifest = load_manifest(checkpoint)
-    verify_files(checkpoint, manifest)
+    _raise_first(_integrity.problems(checkpoint, manifest, hashes=False, unlisted=False))
     return manifest
 
 
@@ -349,16 +331,16 @@ def load_manifest(checkpoint: Path) -> dict:
     checkpoint = Path(checkpoint)
     path = checkpoint / SUBDIR / MANIFEST
     if _size(path) is None:
+        raise CheckpointError(_no_manifest(checkpoint))
+    manifest = _parse(path, _read_bytes(path))
+    refuse_unknown_version("manifest_version", manifest["manifest_version"], SUPPORTED_MANIFEST_VERSIONS, str(path))
+    recorded = manifest.pop(_integrity.CHECKSUM, None)  # absent from the manifests of earlier releases
+    if recorded is not None and recorded != _integrity.checksum(manifest):
         raise CheckpointError(
-            f"{checkpoint} is incomplete: it has no {SUBDIR}/{MANIFEST} (the save was interrupted, or the folder "
-            "was not written by accelerate_stateful); resume from an earlier checkpoint"
+            f"{path} was changed after the save: its content no longer matches the checksum written with it (a "
+            "damaged disk or an edit by hand), so the list of files it vouches for cannot be trusted; resume from "
+            "an earlier checkpoint"
         )
-    try:
-        manifest = json.loads(_read_bytes(path).decode("utf-8"), parse_constant=_reject_constant)
-        version = manifest["manifest_version"]
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path} is damaged ({exc!r}); resume from an earlier checkpoint") from None
-    refuse_unknown_version("manifest_version", version, SUPPORTED_MANIFEST_VERSIONS, str(path))
     try:
         world_size, _ = int(manifest["world_size"]), int(manifest["num_loaders"])
         manifest.setdefault("ranks", list(range(world_size)))  # written before per-folder manifests
@@ -375,29 +357,55 @@ def load_manifest(checkpoint: Path) -> dict:
     return manifest
 
 
-def verify_files(checkpoint: Path, manifest: dict) -> None:
-    """Check every file ``manifest`` lists: present, of its size, and of its hash where it has one."""
-    for rel, entry in manifest["files"].items():
-        _check_file(Path(checkpoint), rel, entry)
+def _no_manifest(checkpoint: Path) -> str:
+    if not checkpoint.exists():
+        return (f"{checkpoint} does not exist: check the path, and pass the folder save_state() wrote (with "
+                "automatic_checkpoint_naming, <project_dir>/checkpoints/checkpoint_<N>), or call "
+                "accelerator.resume() to load the newest complete checkpoint")
+    if not checkpoint.is_dir():
+        return f"{checkpoint} is a file, not a checkpoint folder: pass the folder save_state() wrote"
+    return (f"{checkpoint} is incomplete: it has no {SUBDIR}/{MANIFEST} (the save was interrupted, or the folder "
+            "was not written by accelerate_stateful); resume from an earlier checkpoint")
 
 
-def _check_file(checkpoint: Path, rel: str, entry: dict) -> None:
-    path = checkpoint / rel
-    size = _size(path)
-    if size is None:
-        raise CheckpointError(
-            f"{checkpoint} is incomplete: {rel} is listed in its manifest but missing; resume from another checkpoint"
-        )
-    if size != entry.get("size"):
-        raise CheckpointError(
-            f"{path} has {size} bytes, its manifest says {entry.get('size')}; the file is "
-            "truncated or was replaced, resume from another checkpoint"
-        )
-    if "sha256" in entry and _sha256(path) != entry["sha256"]:
-        raise CheckpointError(
-            f"{path} does not match the hash in its manifest; the file was changed after the save, "
-            "resume from another checkpoint"
-        )
+def _parse(path: Path, raw: bytes) -> dict:
+    """The manifest's JSON, with a version; a file cut short or not JSON is named as damaged, in words."""
+    try:
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        reason = f"it is not text (an invalid byte at offset {exc.start} of {len(raw)})"
+    except json.JSONDecodeError as exc:
+        cut = exc.pos >= len(raw.rstrip())
+        reason = (f"it ends after {len(raw)} bytes, in the middle of its content" if cut
+                  else f"it is not valid JSON from byte {exc.pos} of {len(raw)} on ({exc.msg.lower()})")
+    except ValueError as exc:  # a NaN or Infinity: never written by a save
+        reason = f"it is not valid JSON ({exc})"
+    else:
+        if isinstance(manifest, dict) and "manifest_version" in manifest:
+            return manifest
+        reason = "it has no manifest_version"
+    raise CheckpointError(
+        f"{path} is damaged: {reason}; the file was cut short or changed after the save (a full or failing disk, "
+        "a copy that did not finish), so the checkpoint cannot be trusted; resume from an earlier checkpoint"
+    )
+
+
+def verify_files(checkpoint: Path, manifest: dict, share: tuple[int, int] = (0, 1)) -> None:
+    """Check that ``checkpoint`` holds exactly the files ``manifest`` lists, each of its size and hash.
+
+    Args:
+        share: ``(index, count)``: this process checks only its share of the files (:func:`_integrity.share`),
+            where ``count`` processes check one folder together; the first also looks for unlisted files.
+    """
+    files = manifest["files"]
+    index, count = share
+    names = _integrity.share(files, {rel: entry["size"] for rel, entry in files.items()}, index, count)
+    _raise_first(_integrity.problems(checkpoint, manifest, names, hashes=True, unlisted=index == 0))
+
+
+def _raise_first(problems: list[tuple[str, str]]) -> None:
+    if problems:
+        raise CheckpointError(problems[0][1])
 
 
 def is_complete(checkpoint: Path) -> bool:

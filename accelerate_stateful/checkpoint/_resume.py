@@ -52,7 +52,8 @@ def locate(ctx: DistContext, input_dir: Any, root: Optional[Path]) -> tuple[Path
 
 
 def verify_once(ctx: DistContext, checkpoint: Path) -> dict:
-    """``checkpoint``'s manifest, every rank's; its folder fully checked by one rank per folder and host.
+    """``checkpoint``'s manifest, every rank's; its folder fully checked (every file's size and hash) once per
+    folder and host, by the ranks that read it, each a share of the files.
 
     Raises on every rank unless every rank's manifest belongs to one save (each rank may read a folder
     of its own): what follows (an elastic merge or not, how many loaders) is decided from it on each rank.
@@ -70,8 +71,10 @@ def verify_once(ctx: DistContext, checkpoint: Path) -> dict:
             "own, and they were not written by one save_state(); resume from a checkpoint every process saved "
             "together"
         )
-    first = [k for k, _ in everyone].index(key) == ctx.rank
-    agree(ctx, lambda: _files.verify_files(checkpoint, manifest) if first else None)
+    # Every file hashed once per folder and host, the files shared out between the ranks that read it.
+    sharing = [r for r, (k, _) in enumerate(everyone) if k == key]
+    share = (sharing.index(ctx.rank), len(sharing)) if ctx.rank in sharing else None
+    agree(ctx, lambda: _files.verify_files(checkpoint, manifest, share) if share else None)
     return manifest
 
 

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from . import _files
 from . import _in_step
 from ._checkpoints import agree
+from ..loaders import _putback
 from ..loaders._adapter import DataLoaderAdapter
 from ._versions import refuse_unknown_version
 from ..errors import CheckpointError, Mismatch, StateMismatchError, StateSerializationError
@@ -117,7 +118,8 @@ class LoaderCheckpoint(Stateful):
         self._nonce = os.urandom(8)
         # A state too large on one rank is refused on every rank, so none goes on into DCP's collectives alone.
         buffers = agree(ctx, lambda: {
-            f"loader_{i}": self._pack(i, loader.state_dict()) for i, loader in enumerate(self._loaders)
+            f"loader_{i}": self._pack(i, state) for i, state in
+            enumerate(_putback.checkpoint_states(ctx, self._loaders, "dcp.save of LoaderCheckpoint"))
         })
         return {self._rank_key: buffers}
 

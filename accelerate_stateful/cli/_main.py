@@ -13,6 +13,8 @@ Commands: ``inspect``, ``verify``, ``samples``, ``diff`` (see ``docs/cli.md``). 
     ``samples`` of an incomplete checkpoint
 4   the question does not apply to this loader (``samples`` of a stream, or of
     an order drawn by a user's own sampler)
+5   ``verify``: complete, but some files could only be checked for their size:
+    the release that wrote the checkpoint did not hash them
 ==  ==========================================================================
 
 ``inspect``, ``verify`` and ``diff`` read JSON and safetensors headers only and never import torch (nor
@@ -29,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..checkpoint import _integrity
 from ..checkpoint import _state as S
 from . import _check_resume
 from ._diff import diff_reports, format_diff
@@ -36,7 +39,7 @@ from ._read import Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, ope
 from ._report import SCHEMA_VERSION, describe, format_report
 from ..errors import StatefulLoaderError
 
-OK, PROBLEMS, USAGE, UNREADABLE, NOT_APPLICABLE = 0, 1, 2, 3, 4
+OK, PROBLEMS, USAGE, UNREADABLE, NOT_APPLICABLE, SIZE_ONLY = 0, 1, 2, 3, 4, 5
 
 
 class _UsageError(Exception):
@@ -68,14 +71,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelerate-stateful", description="Look inside the loader state of an accelerate-stateful checkpoint.",
         epilog="exit codes: 0 ok, 1 incomplete or damaged checkpoint, 2 bad arguments, 3 unreadable input, "
-               "4 question does not apply to this loader",
+               "4 question does not apply to this loader, 5 (verify) some files of an earlier release's checkpoint "
+               "checked for size only",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inspect = commands.add_parser("inspect", help="completeness, versions, topology and every loader's position")
     inspect.add_argument("checkpoint", type=Path, metavar="CKPT")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON (schema in docs/cli.md)")
     inspect.set_defaults(run=_inspect)
-    verify = commands.add_parser("verify", help="exit 0 only if the checkpoint is complete and intact")
+    verify = commands.add_parser("verify", help="exit 0 only if every byte of the checkpoint is as its save wrote it")
     verify.add_argument("checkpoint", type=Path, metavar="CKPT")
     verify.set_defaults(run=_verify)
     samples = commands.add_parser("samples", help="dataset indices a rank consumed, reads next, or reads at a step")
@@ -123,7 +127,7 @@ def _incomplete(ckpt: Checkpoint) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    ckpt = open_checkpoint(args.checkpoint)
+    ckpt = open_checkpoint(args.checkpoint, hashes=True)
     if ckpt.complete:
         try:
             describe(ckpt)  # every state resumed into its loader: the checks a resume makes
@@ -135,9 +139,17 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"INCOMPLETE {ckpt.path}: {len(ckpt.problems)} problem(s); resume from another checkpoint "
               "(accelerator.resume() skips incomplete ones)")
         return PROBLEMS
-    files = len(ckpt.manifest["files"])
-    print(f"OK {ckpt.path}: complete, {files} files match the manifest (world size {ckpt.world_size}, "
-          f"{ckpt.num_loaders} loader(s))")
+    files, unhashed = len(ckpt.manifest["files"]), _integrity.unhashed(ckpt.manifest)
+    topology = f"world size {ckpt.world_size}, {ckpt.num_loaders} loader(s)"
+    if unhashed:  # never called good: a changed byte in them would not show
+        for name in unhashed:
+            print(f"UNCHECKED {name}: its size matches, but the release that wrote this checkpoint did not record "
+                  "its hash, so a changed byte would not show")
+        print(f"SIZE ONLY {ckpt.path}: complete, {files - len(unhashed)} of {files} files match their size and "
+              f"hash, {len(unhashed)} could only be checked for their size: not hashed by the version that wrote "
+              f"it ({topology}); checkpoints saved from now on are hashed whole")
+        return SIZE_ONLY
+    print(f"OK {ckpt.path}: complete, all {files} files match their size and SHA-256 in the manifest ({topology})")
     return OK
 
 

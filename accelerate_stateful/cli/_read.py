@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import safetensors
 
-from ..checkpoint import _files
+from ..checkpoint import _files, _integrity
 from ..checkpoint import _state as S
 from ._position import KINDS
 from ..errors import CheckpointError, StatefulLoaderError, UnsupportedConfigError
@@ -99,16 +99,17 @@ class Checkpoint:
         return [self.states[(loader, r)] for r in range(self.world_size)]
 
 
-def open_checkpoint(path: Path, with_tensors: bool = False) -> Checkpoint:
+def open_checkpoint(path: Path, with_tensors: bool = False, hashes: bool = False) -> Checkpoint:
     """Read ``path`` as a checkpoint; raises :class:`UnreadableCheckpoint` when it is not one at all.
 
     A state's tensors are :class:`SavedTensor` descriptions, or torch tensors ``with_tensors`` (for loaders
-    rebuilt from the states, which need them; this imports torch).
+    rebuilt from the states, which need them; this imports torch). Every listed file is checked for its
+    size, and ``hashes`` for its hash too (reading every byte of the checkpoint).
     """
     path = Path(path)
     _refuse_non_checkpoint(path)
     ckpt = Checkpoint(path, load_tensors=None if with_tensors else _tensor_specs)
-    _read_manifest(ckpt)
+    _read_manifest(ckpt, hashes)
     found = _loader_files(path)
     if ckpt.manifest is None:
         ckpt.world_size = 1 + max((rank for _, rank in found), default=-1)
@@ -145,17 +146,16 @@ def _hint(path: Path) -> str:
     return ""
 
 
-def _read_manifest(ckpt: Checkpoint) -> None:
-    """Parse the manifest and check every file it lists, collecting each problem (the package stops at one)."""
+def _read_manifest(ckpt: Checkpoint, hashes: bool) -> None:
+    """Parse the manifest and check every file it lists, and the folder for unlisted ones, collecting each
+    problem (the package stops at one)."""
     rel = f"{_files.SUBDIR}/{_files.MANIFEST}"
     try:
-        _files.read_manifest(ckpt.path)
-        first = None
+        manifest, damage = _files.load_manifest(ckpt.path), None
     except CheckpointError as exc:
-        first = Problem(rel, str(exc))
-    manifest = _parse_manifest(ckpt.path / rel)
-    if manifest is None:
-        ckpt.problems.append(first or Problem(rel, f"{ckpt.path / rel} is damaged; resume from an earlier checkpoint"))
+        manifest, damage = _parse_manifest(ckpt.path / rel), Problem(rel, str(exc))
+    if manifest is None:  # nothing to go by: the loader files found say what they can
+        ckpt.problems.append(damage)
         return
     version = manifest.get("manifest_version")
     if not isinstance(version, int) or isinstance(version, bool):
@@ -170,23 +170,10 @@ def _read_manifest(ckpt: Checkpoint) -> None:
         )
     ckpt.manifest = manifest
     ckpt.world_size, ckpt.num_loaders = int(manifest["world_size"]), int(manifest["num_loaders"])
-    if first is not None:
-        _check_listed_files(ckpt, manifest["files"])
-        if not ckpt.problems:
-            ckpt.problems.append(first)
-    for name in _unlisted(ckpt.path, manifest["files"]):
-        ckpt.problems.append(Problem(name, (
-            f"{ckpt.path / name} is not listed in the manifest: it was added after the save or belongs to "
-            "another one; remove it, or resume from another checkpoint")))
-
-
-def _check_listed_files(ckpt: Checkpoint, files: dict) -> None:
-    """Every listed file's problem, in the words of the package's own check (which stops at the first)."""
-    for name, entry in files.items():
-        try:
-            _files._check_file(ckpt.path, name, entry)
-        except CheckpointError as exc:
-            ckpt.problems.append(Problem(name, str(exc)))
+    if damage is not None:  # first: what the damaged manifest says about the files is shown, not trusted
+        ckpt.problems.append(damage)
+    found = _integrity.problems(ckpt.path, manifest, hashes=hashes)
+    ckpt.problems += [Problem(name, message) for name, message in found]
 
 
 def _parse_manifest(path: Path) -> Optional[dict]:
@@ -199,14 +186,6 @@ def _parse_manifest(path: Path) -> Optional[dict]:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return None
     return manifest
-
-
-def _unlisted(checkpoint: Path, listed: dict) -> list[str]:
-    """Files of our own folder that the manifest does not list (temporary files of a save excepted)."""
-    own = checkpoint / _files.SUBDIR
-    names = (p.relative_to(checkpoint).as_posix() for p in sorted(own.iterdir()) if p.is_file())
-    return [n for n in names if n not in listed and not Path(n).name.startswith(".")
-            and n != f"{_files.SUBDIR}/{_files.MANIFEST}"]
 
 
 def _loader_files(checkpoint: Path) -> list[tuple[int, int]]:

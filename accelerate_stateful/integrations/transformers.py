@@ -98,6 +98,7 @@ class StatefulTrainerMixin:
         self._train_loader: Optional[DataLoaderAdapter] = None
         self._resumed: Optional[_Resumed] = None
         self._resume_stock = False  # the checkpoint to resume is stock Trainer's (``_trainer_stock``)
+        self._resume_manifest: Optional[dict] = None  # its manifest, once every file was checked
         self._preemption = _preemption.PreemptionRequest(preemption_signals) if preemption_signals else None
         super().__init__(*args, **kwargs)
         if getattr(self.args, "enable_jit_checkpoint", False):
@@ -118,6 +119,8 @@ class StatefulTrainerMixin:
     def train(self, resume_from_checkpoint: Union[str, bool, None] = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; ``resume_from_checkpoint=True`` takes the newest complete checkpoint, or starts fresh."""
         self._resume_dir = self._checkpoint_to_resume(resume_from_checkpoint)
+        if self._resume_dir is not None and not self._resume_stock:  # every byte checked before the model loads
+            self._resume_manifest = _resume.verify_once(DistContext.detect(), self._resume_dir)
         if resume_from_checkpoint and self.args.ignore_data_skip and not self._resume_stock:
             raise UnsupportedConfigError(
                 "ignore_data_skip=True asks to start the resumed epoch from its first batch, but this Trainer "
@@ -131,7 +134,7 @@ class StatefulTrainerMixin:
         finally:
             if self._preemption is not None:
                 self._preemption.uninstall()
-            self._resume_dir = self._resumed = None
+            self._resume_dir = self._resumed = self._resume_manifest = None
             self._resume_stock = False
 
     def get_train_dataloader(self) -> Any:
@@ -226,7 +229,7 @@ class StatefulTrainerMixin:
     def _restore_loader(self, checkpoint: Path) -> None:
         loader = self._train_loader
         ctx = DistContext.detect()
-        manifest = _resume.verify_once(ctx, checkpoint)
+        manifest = self._resume_manifest or _resume.verify_once(ctx, checkpoint)
         (state,) = _resume.read_states(ctx, checkpoint, manifest, [loader])
         saved_world = manifest["world_size"]
         loader.load_state_dict(state)

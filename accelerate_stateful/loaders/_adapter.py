@@ -215,19 +215,20 @@ class DataLoaderAdapter(Stateful):
         state[PASS] = self._life.entry()  # always present: a library that loads in place must find every key
         return state  # type: ignore[return-value]
 
-    def _raw_state(self) -> dict:
-        """Where the loader stands, without the record of a live pass."""
+    def _raw_state(self, epoch: Optional[int] = None, position: Optional[dict] = None) -> dict:
+        """Where the loader stands (or ``position`` in ``epoch``: a variant's :meth:`_state_before`), without the
+        record of a live pass."""
         state = {
             S.VERSION: S.FORMAT_VERSION,
             S.MODE: self.mode,
-            S.EPOCH: self._epoch,
+            S.EPOCH: self._epoch if epoch is None else epoch,
             S.SEED: self._seed,
             S.SEED_SOURCE: self._seed_source,
             S.TOPOLOGY: {"world_size": self.ctx.world_size, "rank": self.ctx.rank, "num_workers": self.num_workers},
             S.CONFIG: self._config(),
             S.BASE: self._base_state(),
         }
-        state.update(self._position_state())
+        state.update(self._position_state() if position is None else position)
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -496,6 +497,16 @@ class DataLoaderAdapter(Stateful):
         return self._config()
 
     def _base_state(self) -> Any:
+        return None
+
+    def _position_mark(self) -> Any:
+        """Hook: the position as a value :meth:`_state_before` can go back from (taken at an epoch's end too,
+        once per epoch, so cheap: references, no copies); ``None`` where the variant cannot go back."""
+        return None
+
+    def _state_before(self, mark: Any, count: int) -> Optional[dict]:
+        """Hook: the raw state ``count`` batches (of this rank's) before the position ``mark``; ``None`` where the
+        variant cannot go back cheaply (a stream read by workers: the put-back is then said in a warning)."""
         return None
 
     def _remainder(self) -> int:

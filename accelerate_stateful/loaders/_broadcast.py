@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 
 from .._context import DistContext
-from ..checkpoint._checkpoints import _buildable, _verdict
+from ..checkpoint._checkpoints import _verdict, rebuild
 
 
 def broadcast_step(found: Optional[tuple[list, Any]], failure: Optional[Exception], ctx: DistContext,
@@ -49,13 +49,6 @@ _FAILED = "accelerate_stateful: the reader failed"  # a key no batch structure h
 
 
 def _rebuilt(verdict: dict) -> Exception:
-    """The reader's error, raised on a rank that did not read: its class where this rank can build it (the
-    package's own errors and Python's built-in ones; else the nearest such base, naming the class), its message."""
-    for kind in filter(None, map(_buildable, verdict["classes"])):
-        named = "" if verdict["name"] == kind.__name__ else f"{verdict['name']} on the main process: "
-        error = kind.__new__(kind)
-        BaseException.__init__(error, named + verdict["message"])
-        error.__dict__.update(verdict["attributes"])
-        if str(error) == named + verdict["message"]:  # a class whose message is more than its text (KeyError)
-            return error
-    raise AssertionError("unreachable: Exception itself is always buildable")
+    """The reader's error, raised on a rank that did not read (named where its class cannot be built here)."""
+    return rebuild(verdict, lambda kind: ("" if verdict["name"] == kind.__name__
+                                          else f"{verdict['name']} on the main process: ") + verdict["message"])

@@ -15,6 +15,10 @@ The rules, each held here by construction:
   explicit ``close()``), on the calling thread, and never by a query (``epoch``, ``phase``, ``state_dict()``...),
   which a program may make on one process only. ``save_state``/``load_state`` collect garbage where a pass is
   open (a program-order fact) and take every pending verdict at the same point on every rank.
+- **Batches not trained yet are put back at a save.** The batches a live pass handed out after the last
+  training event of a loader the model trains on (a look-ahead prefetcher's next batch, the batch of a step
+  saved at its top) are not part of the position a checkpoint records (:meth:`Lifecycle.put_back`,
+  ``_putback``): the resumed run hands them out again, as the uninterrupted run trains them next.
 - **What a pass has done is in the state.** A pass live at a save is recorded with where it began, whether
   it was trained, and how many untrained passes the program made before it (``peeks``). After a resume,
   the first ``peeks`` passes that are dropped untrained are re-runs of those (a warm-up peek, a shape
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 from ..training import _training
-from . import _holders
+from . import _holders, _putback
 from ._passes import PASS, Kind, PassHandle, PassOrigin, PassRecord, Phase, check_entry
 
 if TYPE_CHECKING:
@@ -73,6 +77,8 @@ class Lifecycle:
         self._restored_at = 0  # the opening number current when the last state was restored
         self._streak = 0  # passes undone since the anchor, before the first pass that was not
         self._prologue: Optional[int] = None
+        self.trains = False  # the model was trained on a pass of this loader (this run, or the one it resumes)
+        self.one_a_step: Optional[bool] = None  # an earlier pass of this process trained one batch a step
         _training.install()
 
     def __getstate__(self) -> dict:
@@ -238,6 +244,7 @@ class Lifecycle:
         loader = self._loader
         record.final = (loader._epoch, loader._batches_taken())
         record.complete = True
+        record.at_end = loader._position_mark()  # a save may still put the epoch's last batches back
         loader._end_epoch()
 
     def exhausted(self, record: PassRecord) -> None:
@@ -291,6 +298,9 @@ class Lifecycle:
 
     def _close(self, record: PassRecord, undone: bool) -> None:
         record.closed = True
+        self.trains = self.trains or record.trained
+        if record.steps >= 2:
+            self.one_a_step = not record.several
         _training.ended(record)
         if record.begun:
             self._loader._end()
@@ -320,14 +330,25 @@ class Lifecycle:
         self.leave_boundary()
 
     # ----------------------------------------------------------------- state
-    def entry(self) -> Optional[dict]:
-        """The ``"pass"`` entry of ``state_dict()``: the live (or waiting) pass a resume continues."""
-        live = self.live
+    def put_back(self) -> int:
+        """How many batches of the live pass a checkpoint puts back (``_putback.count``)."""
+        return _putback.count(self)
+
+    def entry(self, put_back: bool = False) -> Optional[dict]:
+        """The ``"pass"`` entry of ``state_dict()``: the live (or waiting) pass a resume continues.
+
+        Args:
+            put_back: The state is :meth:`put_back`'s batches earlier: a pass complete at its last batch is not
+                complete there.
+        """
+        live, trains = self.live, self.trains or (self.live is not None and self.live.trained)
         if live is not None and live.kind not in (Kind.REPLAY, Kind.BOUNDARY):
-            return _entry(live.origin, live.trained, live.peeks, live.complete, live.final[1])
+            complete = live.complete and not put_back
+            return _entry(live.origin, live.trained, live.peeks, complete, live.final[1], trains)
         if self.pending is not None:
             p = self.pending
-            return _entry(p.origin, p.trained, p.peeks, p.complete, self._finished_count() if p.complete else 0)
+            return _entry(p.origin, p.trained, p.peeks, p.complete, self._finished_count() if p.complete else 0,
+                          trains)
         return None
 
     def replaying(self) -> bool:
@@ -352,6 +373,7 @@ class Lifecycle:
         if entry is None:
             return
         check_entry({PASS: entry}, where)
+        self.trains = self.trains or entry.get("trains", False)
         origin = PassOrigin.from_state(entry["origin"], where)
         complete = bool(entry.get("complete", False))
         if complete:
@@ -372,7 +394,8 @@ class Lifecycle:
         """
         self.settle()
         live, loader, pending = self.live, self._loader, self.pending
-        live_key = None if live is None else (live.kind.value, live.origin.epoch, live.trained, live.handed)
+        live_key = None if live is None else (live.kind.value, live.origin.epoch, live.trained, live.handed,
+                                              self.put_back())
         waiting_key = None if pending is None else (pending.origin.epoch, pending.trained, self._replays_left,
                                                     self._in_finished_epoch)
         epoch = loader._epoch if live is None else live.origin.epoch
@@ -382,9 +405,11 @@ class Lifecycle:
         return key, point
 
 
-def _entry(origin: PassOrigin, trained: bool, peeks: int, complete: bool, taken: int) -> dict:
+def _entry(origin: PassOrigin, trained: bool, peeks: int, complete: bool, taken: int, trains: bool) -> dict:
     entry = {"origin": origin.to_state(), "trained": trained, "peeks": peeks}
     if complete:
         entry.update(complete=True, taken=taken)
+    if trains:  # a resumed run puts back the untrained batches of a pass it has not trained on yet, too
+        entry["trains"] = True
     return entry
 

@@ -91,18 +91,24 @@ class PassRecord:
         peeks: Passes the program makes before this one, each dropped untrained (the saving run's count,
             recorded so that a resume recognises their re-runs).
         handed: Batches this pass handed out.
+        trained_at: Batches it had handed out at its last training step (``_training``).
+        steps: Its training steps (training events with no batch of it taken between them).
+        several: A step after its first took several batches (the loop trains on several at once).
         dropped: Set when the loop let the iterator go (the only thing a finalizer does).
         closed: The pass ended and its verdict was taken.
-        complete: The pass handed out the epoch's last batch; ``final`` is ``(epoch, batches taken)`` then.
+        complete: The pass handed out the epoch's last batch; ``final`` is ``(epoch, batches taken)`` then, and
+            ``at_end`` the variant's position before the next epoch began (``DataLoaderAdapter._position_mark``).
         begun: The variant's batches were opened (and the loader registered with Accelerate's GradientState).
     """
 
-    __slots__ = ("kind", "origin", "serial", "trained", "peeks", "handed", "dropped", "closed", "complete",
-                 "final", "begun")
+    __slots__ = ("kind", "origin", "serial", "trained", "peeks", "handed", "trained_at", "steps", "several",
+                 "dropped", "closed", "complete", "final", "at_end", "begun")
 
     def __init__(self, kind: Kind, origin: PassOrigin, serial: int, trained: bool, peeks: int) -> None:
         self.kind, self.origin, self.serial, self.trained, self.peeks = kind, origin, serial, trained, peeks
-        self.handed = 0
+        self.handed = self.trained_at = self.steps = 0
+        self.several = False
+        self.at_end: Any = None
         self.dropped = self.closed = self.complete = self.begun = False
         self.final: tuple[int, int] = (origin.epoch, origin.taken)
 
@@ -169,7 +175,7 @@ def check_entry(state: Mapping[str, Any], where: str) -> Optional[Mapping[str, A
     peeks = entry.get("peeks") if isinstance(entry, Mapping) else None
     taken = entry.get("taken", 0) if isinstance(entry, Mapping) else None
     if not (isinstance(entry, Mapping) and isinstance(entry.get("trained"), bool)
-            and isinstance(entry.get("complete", False), bool)
+            and isinstance(entry.get("complete", False), bool) and isinstance(entry.get("trains", False), bool)
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (peeks, taken))):
         PassOrigin.from_state(None, where)  # raises, saying the record is damaged
     return PassOrigin.from_state(entry.get("origin"), where).mark

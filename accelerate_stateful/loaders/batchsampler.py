@@ -235,10 +235,23 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
     def _batches_taken(self) -> int:
         return sum(1 for s in self._steps_of_epoch()[: self._steps] if s.batches[self.ctx.rank] is not None)
 
-    def _position_state(self) -> dict:
-        self._epoch_batches()
-        return {CONSUMED: self._consumed(), S.STRIPE_ORIGIN: self._origin, STEPS: self._steps,
-                S.BATCHES_YIELDED: self._batches_taken(), S.ORDER_FINGERPRINT: self._cache[1][2]}
+    def _position_state(self, mark: Optional[tuple] = None) -> dict:
+        epoch, origin, steps = self._position_mark() if mark is None else mark
+        dealt = self._steps_of_epoch(origin, key=(self._seed, epoch))
+        taken = sum(1 for s in dealt[:steps] if s.batches[self.ctx.rank] is not None)
+        return {CONSUMED: dealt[steps - 1].consumed if steps else origin, S.STRIPE_ORIGIN: origin, STEPS: steps,
+                S.BATCHES_YIELDED: taken, S.ORDER_FINGERPRINT: self._cache[1][2]}
+
+    def _position_mark(self) -> tuple:
+        return self._epoch, self._origin, self._steps
+
+    def _state_before(self, mark: tuple, count: int) -> dict:
+        epoch, origin, steps = mark
+        mine = [step for step, _ in rank_batches(self._steps_of_epoch(origin, key=(self._seed, epoch)), self.ctx.rank)
+                if step <= steps]  # the steps after each of this rank's batches taken
+        kept = len(mine) - count
+        earlier = (epoch, origin, mine[kept - 1] if kept else 0)
+        return self._raw_state(epoch, self._position_state(earlier))
 
     def _config(self) -> dict:
         return {

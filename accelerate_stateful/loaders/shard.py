@@ -299,19 +299,28 @@ class ShardDataLoader(DataLoaderAdapter):
         """Samples of the epoch taken by all ranks together (after an elastic resume too), from 0 to 1."""
         return self._consumed / self._plan.num_samples if self._plan.num_samples else None
 
-    def _position_state(self) -> dict:
+    def _position_state(self, mark: Optional[tuple] = None) -> dict:
+        epoch, order, plan, consumed = self._position_mark() if mark is None else mark
         state = {
-            S.SAMPLES_CONSUMED: self._consumed,
-            S.STRIPE_ORIGIN: self._plan.origin,
-            S.BATCHES_YIELDED: self._batches_taken(),
-            S.ORDER_FINGERPRINT: self._fingerprint(),
+            S.SAMPLES_CONSUMED: consumed,
+            S.STRIPE_ORIGIN: plan.origin,
+            S.BATCHES_YIELDED: plan.steps_for(consumed),
+            S.ORDER_FINGERPRINT: self._fingerprint(epoch=epoch, order=order),
             S.SKIPPED: [list(r) for r in self._skips],
         }
-        if self._order.world_dependent:
-            state[S.ORDER_WORLD] = self._order.world_size
-            if getattr(self._order, "order_batch", self._loader_batch_size) != self._loader_batch_size:
-                state[S.ORDER_BATCH] = self._order.order_batch  # the epoch began at another batch size
+        if order.world_dependent:
+            state[S.ORDER_WORLD] = order.world_size
+            if getattr(order, "order_batch", self._loader_batch_size) != self._loader_batch_size:
+                state[S.ORDER_BATCH] = order.order_batch  # the epoch began at another batch size
         return state
+
+    def _position_mark(self) -> tuple:
+        return self._epoch, self._order, self._plan, self._consumed
+
+    def _state_before(self, mark: tuple, count: int) -> dict:
+        epoch, order, plan, consumed = mark
+        earlier = (epoch, order, plan, plan.samples_consumed(plan.steps_for(consumed) - count))
+        return self._raw_state(epoch, self._position_state(earlier))
 
     def _config(self) -> dict:
         return {

@@ -16,6 +16,12 @@ rank whatever the garbage collector does:
 
 A pass's "trained" mark is part of the loader state, so a resumed run knows what the pass it
 continues had done.
+
+The training events with no batch of a pass taken between them are one *training step* of that pass. Each
+pass counts its steps, the batches it had handed out at its last one (``trained_at``), and whether a step after
+its first took several batches (``several``): from these the lifecycle tells the batches handed out but not
+trained yet (a look-ahead prefetcher's, the batch of a step saved at its top), which a checkpoint puts back
+(``Lifecycle.put_back``).
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 
 class Marked(Protocol):
-    """What this module needs of a pass: its opening order and a trained flag."""
+    """What this module needs of a pass: its opening order, a trained flag, and its batch counts."""
 
     serial: int
     trained: bool
+    handed: int
+    trained_at: int
+    steps: int
+    several: bool
 
 
 _current: list = []  # the current passes, in the order they became current
@@ -63,12 +73,18 @@ def ended(record: Marked) -> None:
 
 
 def note_trained(*_: Any) -> None:
-    """A training event: every current pass was trained (with none current, the batches came from elsewhere)."""
+    """A training event: every current pass was trained, on every batch it handed out so far (with none current,
+    the batches came from elsewhere)."""
     global _untracked
     if not _current:
         _untracked += 1
     for record in _current:
         record.trained = True
+        if record.handed > record.trained_at:  # a batch taken since the pass's last training event: a new step
+            if record.steps and record.handed - record.trained_at > 1:
+                record.several = True  # a step after the first took several batches (not a look-ahead)
+            record.steps += 1
+            record.trained_at = record.handed
 
 
 def untracked_events() -> int:

@@ -1,0 +1,96 @@
+"""What a checkpoint records of a live pass: the batches the model was trained on, not the ones handed out after.
+
+Training is attributed by program order (``training._training``). A look-ahead prefetcher (``nxt = next(it)``,
+then train on the previous batch) or a save at the top of a step (after ``next()``, before the backward) has
+taken batches the model was not trained on yet when ``save_state()`` runs. The uninterrupted run trains them
+next, so the resumed run must hand them out again: the checkpoint records the position before them (the batches
+a live pass handed out after the last training event of a loader the model trains on, ``Lifecycle.put_back``).
+
+Where the position is a count (the shard and batch-sampler loaders, and the skip view over them) the variant
+computes its state that many batches earlier (``_state_before``). A variant that cannot go back cheaply (a stream
+read by workers, the dispatcher, round-robin) records where it stands, and the save says so in one warning naming
+the loader and the batches it counts as trained. The counts are program-order facts, the same on every rank, and
+part of the digest every rank compares at the save (``Lifecycle.digest``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .._context import DistContext
+from .._log import get_logger
+from ._passes import PASS, Kind
+
+logger = get_logger(__name__)
+
+
+def count(life: Any) -> int:
+    """How many batches the live pass of ``life`` (a ``Lifecycle``) handed out that the model was not trained on
+    yet, on a loader the model trains on: a checkpoint does not count them as taken (a query; program-order
+    facts, alike on every rank).
+
+    A loop that trains one batch a step (each training step after the pass's first took one batch: a plain loop,
+    a look-ahead prefetcher, accumulation's micro-steps) trained as many batches as it made steps; the rest (the
+    look-ahead, the batch of a step saved at its top) are put back. A loop that trains on several batches a step
+    trained every batch taken before its last step. None for a loader the model was never trained on (an
+    evaluation saved inside its loop used every batch it took), nor for a re-run pass.
+    """
+    live = life.live
+    if live is None or live.kind in (Kind.REPLAY, Kind.BOUNDARY) or not (life.trains or live.trained):
+        return 0
+    if live.several or (live.steps < 2 and life.one_a_step is False):
+        return live.handed - live.trained_at
+    return live.handed - live.steps
+
+
+def is_a_guess(life: Any) -> bool:
+    """Whether :func:`count` read a first step that took several batches as a look-ahead, with nothing to tell it
+    from a step trained on all of them (no later step of this pass, no earlier pass)."""
+    live = life.live
+    return (count(life) > 0 and live.steps == 1 and live.trained_at > 1 and not live.several
+            and life.one_a_step is None)
+
+
+def checkpoint_state(loader: Any) -> tuple[dict, int, int]:
+    """``(state a checkpoint records, batches put back, batches it counts as trained although they were not)``.
+
+    A pure read, like ``state_dict()``: the loader's position does not move.
+    """
+    life = loader._life
+    count = life.put_back()
+    if count == 0:
+        return loader.state_dict(), 0, 0
+    live = life.live
+    mark = live.at_end if live.complete else loader._position_mark()
+    state = None if mark is None else loader._state_before(mark, count)
+    if state is None:
+        return loader.state_dict(), 0, count
+    state[PASS] = life.entry(put_back=True)
+    return state, count, 0
+
+
+def checkpoint_states(ctx: DistContext, loaders: Sequence[Any], call: str) -> list[dict]:
+    """Every loader's :func:`checkpoint_state`, with one warning for each loader whose put-back is not certain:
+    it could not go back, or it read a first step that took several batches as a look-ahead."""
+    states = []
+    for index, loader in enumerate(loaders):
+        state, put_back, kept = checkpoint_state(loader)
+        name = f"loader {index} (the {loader.mode} loader over {type(loader.dataset).__name__})"
+        if kept and ctx.is_main:  # the same on every rank (program order): said once
+            logger.warning(
+                "at %s, %s had handed out %d batch(es) the model was not trained on yet (taken after the last "
+                "training step, or fetched ahead); this loader cannot put them back, so the checkpoint counts them "
+                "as trained and a resumed run will not see them. Save at the end of the step, after the backward "
+                "pass and the optimizer step, and before fetching the next batch",
+                call, name, kept,
+            )
+        elif put_back and is_a_guess(loader._life) and ctx.is_main:
+            logger.warning(
+                "at %s, %s had handed out %d batches before its pass's first training step; the checkpoint counts "
+                "%d of them as fetched ahead and not trained (a look-ahead prefetcher), so a resumed run hands them "
+                "out again. If that step trained on all of them (several batches a step), save after the next step "
+                "instead: from its second step on, a pass tells the two apart",
+                call, name, loader._life.live.trained_at, put_back,
+            )
+        states.append(state)
+    return states
