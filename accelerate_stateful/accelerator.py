@@ -10,7 +10,7 @@ import accelerate
 from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _lines
+from .checkpoint import _lines
 from . import _log
 from . import _teardown
 from .training import _accumulation

@@ -140,7 +140,7 @@ def test_the_worker_count_may_change_together_with_the_world_size():
 def test_the_resume_log_line_reports_the_part_of_the_epoch_taken_and_the_topology_change(caplog):
     from pathlib import Path
 
-    from accelerate_stateful._lines import log_resume as _log_resume
+    from accelerate_stateful.checkpoint._lines import log_resume as _log_resume
 
     _, state = take(shard(2, 0, 23, 3, drop_last=False, even=True, split=False), 2)  # 12 of 23 samples
     resumed = shard(3, 1, 23, 3, drop_last=False, even=True, split=False)

@@ -140,4 +140,4 @@ def test_each_concept_has_one_documented_subpackage(subpackage, concept):
 
 def test_the_flat_folder_keeps_only_the_front_door_and_cross_cutting_modules():
     top = sorted(p.stem for p in PACKAGE_DIR.glob("*.py"))
-    assert top == ["__init__", "__main__", "_context", "_teardown", "accelerator", "errors", "transformers"]
+    assert top == ["__init__", "__main__", "_context", "_log", "_teardown", "accelerator", "errors", "transformers"]

@@ -176,7 +176,7 @@ def test_the_dispatcher_continues_at_another_batch_size(world, new_world, b, new
 def test_the_resume_line_says_the_batch_size_changed(caplog):
     from pathlib import Path
 
-    from accelerate_stateful._lines import log_resume as _log_resume
+    from accelerate_stateful.checkpoint._lines import log_resume as _log_resume
 
     _, state = take(shard(2, 0, 3), 2)
     resumed = shard(2, 0, 4)

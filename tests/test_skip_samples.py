@@ -145,7 +145,7 @@ def test_processes_that_skip_different_samples_do_not_agree():
 def test_the_resume_line_and_inspect_name_the_skipped_samples(caplog, tmp_path):
     from pathlib import Path
 
-    from accelerate_stateful._lines import log_resume as _log_resume
+    from accelerate_stateful.checkpoint._lines import log_resume as _log_resume
 
     _, states = take([shard(1, 0)], 2)
     loader = resumed(lambda w, r: shard(w, r), 1, states, (10, 14))[0]

@@ -275,7 +275,7 @@ def test_the_documented_recipe_leaves_out_whole_steps(workers, world, batch, dis
 def test_the_resume_line_and_inspect_name_the_items_left_out(dispatch, caplog):
     from pathlib import Path
 
-    from accelerate_stateful._lines import log_resume as _log_resume
+    from accelerate_stateful.checkpoint._lines import log_resume as _log_resume
     from accelerate_stateful.cli._report import _rank, format_report
 
     _, state = run_loop(make(2, 3, dispatch, 2, 0), 1, (2, "in_loop"))

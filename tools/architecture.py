@@ -56,7 +56,7 @@ NOT_DRAWN: dict[str, str] = {
     "transformers.py": "public import path of integrations/transformers.py",
     "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",
     "_log.py": "every module's logger: lines that name the package, Accelerate's main-process logger",
-    "_lines.py": "the lines a run prints once: where it resumed, a fresh start, data no checkpoint holds",
+    "checkpoint/_lines.py": "the lines a run prints once: where it resumed, a fresh start, data no checkpoint holds",
     "loaders/_passes.py": "a pass: the iterator the loop holds, the record the loader judges it by; " + _PLUMBING,
     "loaders/_holders.py": "names a kept exception that holds a live pass at a save; part of _lifecycle.py",
     "loaders/_putback.py": "what a save records of a live pass: its batches not trained yet put back; part of "

@@ -27,7 +27,7 @@ import transformers
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .. import _lines
+from ..checkpoint import _lines
 from .. import _log
 from ..checkpoint import _checkpoints
 from ..checkpoint import _files

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import _log
+from .. import _log
 
 logger = _log.main_process_logger(__name__)
 
