@@ -211,7 +211,7 @@ def test_a_mixture_of_mixtures_agrees_a_weight_change_of_the_inner_one(caplog):
         rest, _ = run_loop(resumed, 1, taken=5)
     assert_each_source_read_in_order(ids(head + rest), sizes=(200, 200, 200))
     lines = [r.getMessage() for r in caplog.records if "weights change" in r.getMessage()]
-    assert len(lines) == 1 and lines[0].startswith("source 'inner': Mixture: weights change")
+    assert len(lines) == 1 and lines[0].startswith("accelerate-stateful: source 'inner': Mixture: weights change")
 
 
 def test_a_source_missing_on_resume_is_refused_before_any_batch_on_the_loader():
