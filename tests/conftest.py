@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import logging
 import os
 
 import pytest
@@ -109,3 +110,13 @@ def fresh_accelerate_state():
     yield AcceleratorState
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+@pytest.fixture
+def quiet_datasets():
+    """``datasets`` warns on every resume of a shuffle buffer and about idle workers; the tests check both."""
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)

@@ -7,7 +7,6 @@ what a resume delivers instead, so that ``docs/sources/hf-datasets.md`` can say 
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import threading
 
@@ -33,14 +32,7 @@ BUFFER = 6  # shuffle buffer of the iterable tests: a few batches deep
 EPOCHS = 2
 
 
-@pytest.fixture(autouse=True)
-def quiet_datasets():
-    """``datasets`` warns on every resume of a shuffle buffer and about idle workers; the tests check both."""
-    logger = logging.getLogger("datasets")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_datasets")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------- sources

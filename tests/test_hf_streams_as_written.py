@@ -8,7 +8,6 @@ real multi-process launch covers these pipelines yet).
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 import torch
@@ -25,13 +24,7 @@ N = 23  # never a multiple of the batch size
 EPOCHS = 2
 
 
-@pytest.fixture(autouse=True)
-def quiet_datasets():
-    logger = logging.getLogger("datasets")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_datasets")  # tests/conftest.py
 
 
 def tokenize(example):

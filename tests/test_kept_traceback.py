@@ -39,7 +39,7 @@ def _train(accelerator, model, optimizer, batch) -> None:
 
 
 class Loop:
-    """Trains two steps in a function that keeps its error in an attribute, as a retrying loop does."""
+    """Trains two steps in a function that keeps its error in an attribute, as a loop that skips a failed step and goes on does."""
 
     def __init__(self, setup) -> None:
         self.accelerator, self.model, self.optimizer, self.dl = setup
