@@ -95,3 +95,77 @@ def test_loops_that_hold_their_iterator_save_without_a_warning(setup, tmp_path, 
             _train(accelerator, model, optimizer, a)
             accelerator.save_state(str(tmp_path / "zip"))
     assert WARNING not in caplog.text
+
+
+def _frames_of_a_waiting_thread():
+    """A thread whose frame holds a buffer exported from a ``BytesIO``, as a ``multiprocessing`` queue's feeder
+    thread holds the last message it pickled (``ForkingPickler.dumps`` returns ``BytesIO.getbuffer()``)."""
+    import io
+    import threading
+
+    go = threading.Event()
+
+    def feeder():
+        view = io.BytesIO(b"pickled message").getbuffer()  # noqa: F841: the frame keeps it while waiting
+        go.wait()
+
+    thread = threading.Thread(target=feeder)
+    thread.start()
+    return go, thread
+
+
+@pytest.mark.parametrize("holder", ["running frame", "list", "kept traceback"])
+def test_the_query_leaves_no_garbage_behind(holder):
+    """The query touches frame objects of every thread; a cycle keeping them would outlive those frames
+    (regression: its list of frames held its own frame, and CPython 3.12 then crashed in a collection)."""
+    import gc
+
+    from accelerate_stateful.loaders import _holders
+
+    def kept(it):
+        try:
+            raise RuntimeError("kept")
+        except RuntimeError as exc:
+            return exc  # its traceback holds this frame, and the frame `it`
+
+    it = iter(range(3))
+    keep = [it] if holder == "list" else kept(it) if holder == "kept traceback" else None
+    go, thread = _frames_of_a_waiting_thread()
+    gc.collect()
+    gc.disable()
+    try:
+        answer = _holders.kept_by_a_traceback(it)
+        go.set()
+        thread.join()
+        assert gc.collect() == 0  # nothing the query touched became garbage
+    finally:
+        gc.enable()
+    assert (answer is not None) == (holder == "kept traceback"), answer
+    del keep
+
+
+def test_a_collection_after_the_query_does_not_crash_the_process():
+    """The crash itself, in a process of its own: a feeder-like thread ends after the query, then a collection
+    ran (before the fix: "deallocated BytesIO object has exported buffers", then a segmentation fault)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent("""
+        import gc, io, threading
+        from accelerate_stateful.loaders import _holders
+
+        go = threading.Event()
+        def feeder():
+            view = io.BytesIO(b"pickled message").getbuffer()
+            go.wait()
+        thread = threading.Thread(target=feeder)
+        thread.start()
+        gc.disable()
+        _holders.kept_by_a_traceback(iter([1, 2, 3]))
+        go.set()
+        thread.join()
+        print("collected", gc.collect())
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "collected 0" in done.stdout, done.stderr[-2000:]
