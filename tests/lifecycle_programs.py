@@ -6,7 +6,8 @@ its epochs, whether it peeks at the top of each epoch or once after resuming, wh
 collects garbage, and on which rank it keeps a caught exception (a frame cycle that keeps an iterator
 alive after its function returned) or turns the garbage collector off. Every program is written the way
 users write loops that resume: it calls ``accelerator.load_state`` (or starts afresh), re-enters its
-epochs at ``dl.epoch``, or at its own counters (``step // len(dl)``; its own epoch with ``set_epoch``),
+epochs at ``dl.epoch``, or at its own counters (``step // len(dl)`` then ``set_epoch``; its own epoch with
+``set_epoch``),
 and its counters are saved with the checkpoint (``register_for_checkpointing``).
 
 ``run()`` returns the trace (every batch trained on or evaluated, with its loader, the program's epoch
@@ -138,8 +139,8 @@ class Run:
             gc.disable()
         try:
             self._query()
-            if p.prologue_peek:
-                next(iter(self.a))
+            if p.prologue_peek:  # right after a resume between two epochs the pass is that epoch's empty rest
+                next(iter(self.a), None)
             self._query()
             for epoch in self._epochs():
                 self._epoch_body(epoch)
@@ -153,8 +154,10 @@ class Run:
         p, a = self.p, self.a
         if p.restart == "epoch":
             return range(a.epoch, p.epochs)
-        if p.restart == "count":
-            return range(self.ctr.step // len(a), p.epochs)
+        if p.restart == "count":  # it says where it stands, as Accelerate's examples do with skip_first_batches
+            start = self.ctr.step // len(a)
+            a.set_epoch(start)
+            return range(start, p.epochs)
         return range(max(self.ctr.epoch, 0), p.epochs)
 
     def _epoch_body(self, epoch: int) -> None:

@@ -176,9 +176,11 @@ def test_a_peek_at_a_restored_epoch_end_returns_a_batch_and_the_loop_still_finds
     assert [ids(b) for b in restored] == second_epoch
 
 
+@pytest.mark.parametrize("how", ["set_epoch", "skip_first_batches"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_a_loop_that_counts_its_own_epochs_gets_the_next_epoch_after_a_resume_at_an_epoch_end(world):
-    """``start = step // len(dl)`` (Accelerate's examples), no ``set_epoch``: the next pass is the next epoch."""
+def test_a_loop_that_counts_its_own_epochs_moves_to_the_next_epoch_after_a_resume_at_an_epoch_end(world, how):
+    """``start = step // len(dl)`` (Accelerate's examples) says where it stands by moving the loader, with
+    ``set_epoch(start)`` or ``skip_first_batches(dl, step % len(dl))``: the next pass is the next epoch whole."""
     cfg = CONFIGS[0]
     run = make(cfg, world, 0)
     for _ in run:
@@ -186,7 +188,33 @@ def test_a_loop_that_counts_its_own_epochs_gets_the_next_epoch_after_a_resume_at
     second_epoch = [ids(b) for b in run]
     restored = make(cfg, world, 0)
     restored.load_state_dict(saved)
+    step = len(restored)  # the loop's own count, saved with its checkpoint
+    if how == "set_epoch":
+        restored.set_epoch(step // len(restored))
+    else:
+        restored.seek(step % len(restored))  # what skip_first_batches does to a prepared loader
     assert [ids(b) for b in restored] == second_epoch
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_query_on_one_process_at_a_restored_epoch_end_changes_nothing(world):
+    """Between two epochs after a resume the next pass goes on in the finished epoch (its rest is empty),
+    whether the program asked ``dl.epoch`` or not: a log line on the main process only decides nothing
+    (issue 25: it used to re-enter the finished epoch on that process only)."""
+    cfg = CONFIGS[0]
+    run = make(cfg, world, 0)
+    for _ in run:
+        saved = through_files(run.state_dict())
+    second_epoch = [ids(b) for b in run]
+    passes = []
+    for asks in (True, False):
+        restored = make(cfg, world, 0)
+        restored.load_state_dict(saved)
+        if asks:
+            assert (restored.epoch, restored.batches_yielded) == (0, len(restored))
+            repr(restored), restored.progress(), restored.phase, restored.state_dict()
+        passes.append([[ids(b) for b in restored], [ids(b) for b in restored]])
+    assert passes[0] == passes[1] == [[], second_epoch]
 
 
 @pytest.mark.parametrize("world,cfg", CASES, ids=IDS)

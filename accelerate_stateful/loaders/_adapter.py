@@ -78,20 +78,11 @@ class DataLoaderAdapter(Stateful):
         """The epoch of the batches the live pass hands out; between passes, the epoch the next pass reads.
 
         A pure read, like every other query of a loader (``phase``, ``batches_yielded``, ``len``, ``repr``,
-        ``state_dict()``): a pass the loop let go is judged at the loader's next event, never by a query. One
-        exception, kept from the design of resumes between two epochs: after a resume from a checkpoint taken
-        right after an epoch's last batch, this answers that finished epoch, and asking for it says the program
-        re-enters it, so the next pass is its empty rest and the code after the inner loop runs for it as in
-        the uninterrupted run (``docs/lifecycle.md``). Ask it on every process there (``range(dl.epoch, ...)``).
+        ``state_dict()``): a pass the loop let go is judged at the loader's next event, never by a query. After
+        a resume from a checkpoint taken right after an epoch's last batch, this is that finished epoch: the
+        next pass is its empty rest (``docs/lifecycle.md``).
         """
-        live = self._life.live
-        if live is not None and live.complete:
-            return live.final[0]
-        boundary = self._life.boundary()
-        if boundary is not None and live is None:
-            self._life.enter_finished_epoch()
-            return boundary[0]
-        return self._epoch
+        return self._resume_point()[0]
 
     @property
     def phase(self) -> Phase:
@@ -161,14 +152,13 @@ class DataLoaderAdapter(Stateful):
     def set_epoch(self, epoch: int) -> None:
         """Move to the start of ``epoch``; with the epoch the position is in, this changes nothing.
 
-        Between two epochs after a resume, either of them changes nothing: the finished one re-enters it
-        (the next pass is its empty rest), the next one moves on.
+        Between two epochs after a resume, the finished one changes nothing (the next pass is its empty
+        rest), and the next one moves on to it.
         """
         self._epoch_set = True  # the program numbers the epochs (a stock resume's line then says nothing of it)
         self._life.settle()
         boundary = self._life.boundary()
         if boundary is not None and epoch == boundary[0] and self._life.live is None:
-            self._life.enter_finished_epoch()
             return
         if epoch == self._epoch:
             if boundary is not None and self._life.live is None:

@@ -41,10 +41,6 @@ from ._passes import PASS, Kind, PassHandle, PassOrigin, PassRecord, Phase, chec
 if TYPE_CHECKING:
     from ._adapter import DataLoaderAdapter
 
-# The opening number of the newest continuation of an interrupted pass (any loader of this process).
-_continued = [0]
-
-
 @dataclass(frozen=True)
 class Continuation:
     """A pass that was live when the restored state was saved, waiting to be continued.
@@ -73,8 +69,6 @@ class Lifecycle:
         self._handle: Optional[weakref.ref] = None
         self.pending: Optional[Continuation] = None
         self._replays_left = 0
-        self._in_finished_epoch = False  # at a boundary: the program said it is still in the finished epoch
-        self._restored_at = 0  # the opening number current when the last state was restored
         self._streak = 0  # passes undone since the anchor, before the first pass that was not
         self._prologue: Optional[int] = None
         self.trains = False  # the model was trained on a pass of this loader (this run, or the one it resumes)
@@ -130,11 +124,10 @@ class Lifecycle:
         """After a resume between two epochs: ``(finished epoch, its batches)`` until the program moves on.
 
         A checkpoint taken after an epoch's last batch (inside the loop) resumes between that epoch and the
-        next. The program re-enters the finished epoch, and its next pass is that epoch's empty rest (so the
-        code after its inner loop runs as in the uninterrupted run), when it asks ``dl.epoch`` (which answers
-        the finished epoch), calls ``set_epoch`` with it, or continues another loader's pass that was
-        interrupted mid-epoch (the partner of a ``zip``) before this pass's first batch. Otherwise (it counts
-        epochs itself, as ``step // len(dl)``) its next pass reads the next epoch.
+        next, and the next pass goes on in the finished epoch, as after any save inside the loop: its rest is
+        empty, so the code after the inner loop runs as in the uninterrupted run, then the next pass reads the
+        next epoch. Only the program's moves decide otherwise (``set_epoch`` with the next epoch, ``seek``,
+        ``skip_first_batches``): never a query, so a question asked on one process only changes nothing.
         """
         pending = self.pending
         if pending is None or not pending.complete:
@@ -146,14 +139,9 @@ class Lifecycle:
         taken = self.pending.taken
         return taken if taken is not None else self._loader._all_taken()
 
-    def enter_finished_epoch(self) -> None:
-        """The program said it is in the finished epoch (see :meth:`boundary`)."""
-        if self.boundary() is not None:
-            self._in_finished_epoch = True
-
     def leave_boundary(self) -> None:
         """``set_epoch``/``seek`` moved the loader: the saved pass will not be continued."""
-        self.pending, self._replays_left, self._in_finished_epoch = None, 0, False
+        self.pending, self._replays_left = None, 0
 
     # ----------------------------------------------------------------- opening
     def open(self, loader: "DataLoaderAdapter") -> PassHandle:
@@ -180,12 +168,10 @@ class Lifecycle:
             return PassRecord(Kind.REPLAY, pending.origin, serial, False, pending.peeks)
         if pending is not None and not pending.complete:
             self.pending = None
-            _continued[0] = serial
             return PassRecord(Kind.CONTINUATION, pending.origin, serial, pending.trained, pending.peeks)
-        if pending is not None:
-            record = PassRecord(Kind.BOUNDARY, pending.origin, serial, pending.trained, pending.peeks)
-            if self._in_finished_epoch:
-                self._rest_of_finished_epoch(record)
+        if pending is not None:  # between two epochs: the pass goes on in the finished one, whose rest is empty
+            record = PassRecord(Kind.CONTINUATION, pending.origin, serial, pending.trained, pending.peeks)
+            self._rest_of_finished_epoch(record)
             return record
         self.leave_boundary()
         at_start = self.phase in (Phase.NOT_STARTED, Phase.EXHAUSTED)
@@ -196,13 +182,6 @@ class Lifecycle:
 
     def begin(self, record: PassRecord) -> Iterator[Any]:
         """The first ``next()``: the variant's batches from where the loader stands."""
-        if record.kind is Kind.BOUNDARY:
-            if _continued[0] > self._restored_at:  # the program re-entered the interrupted epoch
-                self._rest_of_finished_epoch(record)
-            else:
-                self.leave_boundary()
-                record.kind = Kind.NORMAL
-                record.origin = PassOrigin(self._loader._epoch, self.phase.value, 0)
         self.phase = Phase.ITERATING
         record.begun = True
         self._loader._begin()
@@ -222,8 +201,7 @@ class Lifecycle:
     def _rest_of_finished_epoch(self, record: PassRecord) -> None:
         """Between two epochs, the pass that re-enters the finished one: its rest, which is empty."""
         pending = self.pending
-        _continued[0] = record.serial  # the program re-entered the interrupted epoch: the other loaders follow
-        record.kind, record.complete = Kind.CONTINUATION, True
+        record.complete = True
         record.final = (pending.origin.epoch, self._finished_count())
         self.leave_boundary()
 
@@ -281,8 +259,6 @@ class Lifecycle:
             self._promote(record)
         if record.complete and (record.trained or record.kind is Kind.CONTINUATION):  # the epoch ended already
             undone = False
-        elif record.kind is Kind.BOUNDARY:  # let go before its first batch: nothing happened
-            undone = True
         elif record.kind is Kind.REPLAY:  # a re-run of a pass the saving run undid: back to the restored position
             self._replays_left -= 1
             loader._restore(self.pending.saved)
@@ -342,7 +318,7 @@ class Lifecycle:
                 complete there.
         """
         live, trains = self.live, self.trains or (self.live is not None and self.live.trained)
-        if live is not None and live.kind not in (Kind.REPLAY, Kind.BOUNDARY):
+        if live is not None and live.kind is not Kind.REPLAY:
             complete = live.complete and not put_back
             return _entry(live.origin, live.trained, live.peeks, complete, live.final[1], trains)
         if self.pending is not None:
@@ -354,13 +330,12 @@ class Lifecycle:
     def replaying(self) -> bool:
         """Whether a re-run pass is live: the state is then the restored one (a re-run is undone)."""
         live = self.live
-        return live is not None and live.kind in (Kind.REPLAY, Kind.BOUNDARY) and self.pending is not None
+        return live is not None and live.kind is Kind.REPLAY and self.pending is not None
 
     def restore(self, state: Mapping[str, Any], where: str) -> None:
         """After the loader took ``state``'s position: the phase, and the pass waiting to be continued."""
         self.anchor()
         self.leave_boundary()
-        self._restored_at = _training.next_serial()
         loader = self._loader
         entry = state.get(PASS)
         self.phase = Phase.RESTORED
@@ -396,8 +371,7 @@ class Lifecycle:
         live, loader, pending = self.live, self._loader, self.pending
         live_key = None if live is None else (live.kind.value, live.origin.epoch, live.trained, live.handed,
                                               self.put_back())
-        waiting_key = None if pending is None else (pending.origin.epoch, pending.trained, self._replays_left,
-                                                    self._in_finished_epoch)
+        waiting_key = None if pending is None else (pending.origin.epoch, pending.trained, self._replays_left)
         epoch = loader._epoch if live is None else live.origin.epoch
         key = (loader.mode, epoch, self.phase.value, live_key, waiting_key)
         point = (loader._epoch, loader._batches_taken(), self.phase.value,

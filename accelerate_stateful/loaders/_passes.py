@@ -40,7 +40,6 @@ class Kind(enum.Enum):
     NORMAL = "normal"
     REPLAY = "replay"  # after a resume: a re-run of a pass the saving run made before its live pass
     CONTINUATION = "continuation"  # after a resume: the saving run's live pass, going on
-    BOUNDARY = "boundary"  # after a resume between two epochs: which of them it reads is decided at its first next()
 
 
 @dataclass(frozen=True)

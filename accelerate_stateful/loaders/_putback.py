@@ -36,7 +36,7 @@ def count(life: Any) -> int:
     evaluation saved inside its loop used every batch it took), nor for a re-run pass.
     """
     live = life.live
-    if live is None or live.kind in (Kind.REPLAY, Kind.BOUNDARY) or not (life.trains or live.trained):
+    if live is None or live.kind is Kind.REPLAY or not (life.trains or live.trained):
         return 0
     if live.several or (live.steps < 2 and life.one_a_step is False):
         return live.handed - live.trained_at
