@@ -88,3 +88,16 @@ def test_samples_rebuilds_the_loaders_and_so_imports_torch(project):
     status, imported, out = _imported("samples", project / "checkpoints" / "checkpoint_2", "--remaining")
     assert status == 0 and out.startswith("# loader 0, rank 0 of 2")
     assert "torch" in imported
+
+
+def test_a_training_process_does_not_import_distributed_checkpoint_at_start():
+    """Every process of a run imports this package: ``torch.distributed.checkpoint`` (and with it
+    ``torch.distributed.tensor``, sympy) cost about 2 s of each start, though only a DCP save needs them. The
+    loaders are still DCP ``Stateful`` objects: the protocol is structural."""
+    program = ("import sys; from accelerate_stateful import Accelerator; "
+               "import torch; from torch.utils.data import DataLoader; "
+               "acc = Accelerator(cpu=True); dl = acc.prepare(DataLoader(list(range(8)), batch_size=2)); "
+               "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.checkpoint'))); "
+               "from torch.distributed.checkpoint.stateful import Stateful; print(isinstance(dl, Stateful))")
+    done = run_subprocess([sys.executable, "-c", program])
+    assert done.stdout.split() == ["[]", "True"], done.stdout + done.stderr

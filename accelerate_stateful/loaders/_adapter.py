@@ -8,7 +8,6 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequenc
 import torch
 from accelerate.state import GradientState
 from accelerate.utils import send_to_device
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import DataLoader
 
 from ..checkpoint import _state as S
@@ -21,8 +20,11 @@ from ._workers import shut_down, track
 from ..errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
 
 
-class DataLoaderAdapter(Stateful):
+class DataLoaderAdapter:
     """A prepared loader: wraps a base ``DataLoader`` by composition.
+
+    It is a ``torch.distributed.checkpoint`` ``Stateful`` by its methods (the protocol is structural), without
+    importing that package, which costs every process about 2 s at start (``torch.distributed.tensor``).
 
     The adapter owns the lifecycle (``_lifecycle``) and the public ``state_dict()`` /
     ``load_state_dict()`` (version, validation, lifecycle checks); a variant
