@@ -54,7 +54,7 @@ demo-trainer: install
 	$(PY) examples/trainer.py --demo
 
 # Hundreds of generated training programs (tests/lifecycle_programs.py) on 2 and 3 real processes, the ranks
-# differing in what must not matter; the suite runs 20 of them. LIFECYCLE_MP_SEED picks another first seed.
+# differing in what must not matter; the suite runs 14 of them (and 5 refusals). LIFECYCLE_MP_SEED picks another first seed.
 programs: install
 	TMPDIR=$(TEST_TMPDIR) LIFECYCLE_MP_LAUNCHES=$${LIFECYCLE_MP_LAUNCHES:-2:300:30,3:150:15} \
 		$(PY) -m pytest -q -s tests/test_lifecycle_mp.py

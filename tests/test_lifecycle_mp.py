@@ -26,7 +26,7 @@ FIRST_SEED = int(os.environ.get("LIFECYCLE_MP_SEED", "100"))  # the 1-process te
 # (processes, programs, refusals): the programs differ per world (lifecycle_programs.draw(seed, world)).
 # ``LIFECYCLE_MP_LAUNCHES="2:300:30,3:150:15"`` runs hundreds (``make programs``); the suite runs a sample.
 LAUNCHES = [tuple(map(int, launch.split(":")))
-            for launch in os.environ.get("LIFECYCLE_MP_LAUNCHES", "2:14:3,3:6:2").split(",")]
+            for launch in os.environ.get("LIFECYCLE_MP_LAUNCHES", "2:10:3,3:4:2").split(",")]
 LAUNCH_TIMEOUT_S = max(300, max(15 * (count + refusals) for _, count, refusals in LAUNCHES))
 
 
