@@ -7,7 +7,8 @@ tool's own mark, one HTML comment (invisible on the site) on the line above its 
 
     <!--pytest.mark.skip(reason="fragment of examples/quickstart.py")-->
 
-The page says so in words just above, and every line of the fragment is in the named file, in order. No other
+The page says so in words just above, and every line of the fragment is in the named file, in order
+(comments aside). No other
 mark is accepted: a block is either run here or is such a fragment. A runnable block runs in a folder of its own
 (tmp_path), with a fresh Accelerate state, as the ``__main__`` module; each runs in a few seconds on a CPU.
 """
@@ -72,7 +73,9 @@ def _paragraph_above(page: Path, block) -> str:
 
 
 def _code_lines(text: str) -> list:
-    return [line.strip() for line in text.splitlines() if line.strip() and line.strip() != "..."]
+    """The code of each line, stripped, without its comment (a page may comment a line the file does not)."""
+    code = (re.sub(r"(^|\s+)#.*$", "", line).strip() for line in text.splitlines())
+    return [line for line in code if line and line != "..."]
 
 
 def _check_fragment(page: Path, block) -> None:
@@ -94,3 +97,8 @@ for _page, _block in BLOCKS:
             lambda page=_page, block=_block: _check_fragment(page, block))
     else:
         globals()[f"test_the_block_runs_as_written__{_name(_page, _block)}"] = _runs_as_written(_page, _block)
+
+
+def test_the_trainer_page_gives_the_transformers_floor_of_setup_py():
+    floor = re.search(r'"transformers>=([\d.]+),', (ROOT / "setup.py").read_text(encoding="utf-8"))[1]
+    assert f"transformers ≥ {floor}," in (ROOT / "docs" / "trainer.md").read_text(encoding="utf-8")
