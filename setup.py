@@ -44,8 +44,9 @@ setup(
         "deepspeed": [DEEPSPEED],
         # `nox -s conformance`: Accelerate's own tests (fetched from its sdist at run time) with our Accelerator.
         "conformance": ["pytest>=8", "pytest-timeout>=2.3", "parameterized", "psutil", "datasets>=4.7", *PINNED],
-        # `make test` pins the integrations to the versions the suite was written against.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "datasets>=4.7", *DOCS, *PINNED,
-                 "transformers==5.23.0", "trl==1.16.0"],
+        # `make test` pins the integrations to the versions the suite was written against; pytest-codeblocks
+        # reads the docs' code blocks for tests/test_docs_blocks.py.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pytest-codeblocks>=0.18", "datasets>=4.7",
+                 *DOCS, *PINNED, "transformers==5.23.0", "trl==1.16.0"],
     },
 )
