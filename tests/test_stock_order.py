@@ -88,3 +88,17 @@ def test_a_checkpoint_in_the_unseeded_shuffle_order_resumes_in_it_under_use_seed
     after.load_state_dict(state)
     assert [batch.tolist() for batch in after] == expected
     assert after.state_dict()["config"]["order"] == "random"
+
+
+def test_stock_trainer_resumes_a_checkpoint_of_ours_in_the_same_order_the_way_back(tmp_path):
+    from transformers import Trainer
+
+    from accelerate_stateful.transformers import stateful
+
+    reference = []
+    _trainer(_shuffled_recording(Trainer), tmp_path / "reference", reference, save_strategy="no").train()
+    out = tmp_path / "run"
+    _trainer(stateful(_shuffled_recording(Trainer)), out, [], stop_at=7).train()  # ours: checkpoint-3, -6
+    seen = []
+    _trainer(_shuffled_recording(Trainer), out, seen).train(resume_from_checkpoint=str(out / "checkpoint-6"))
+    assert seen == reference[6:]  # stock Trainer's data skip lands where our loader stood, in the same order
