@@ -129,7 +129,8 @@ class Accelerator(accelerate.Accelerator):
             loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
         else:
             loader = ShardDataLoader.from_dataloader(
-                data_loader, ctx, even_batches=self.even_batches, pipeline_rng=self.pipeline_rng, **common
+                data_loader, ctx, even_batches=self.even_batches, pipeline_rng=self.pipeline_rng,
+                use_seedable_sampler=self.dataloader_config.use_seedable_sampler, **common
             )
         self._register(loader)
         return loader

@@ -26,6 +26,7 @@ TOPOLOGY = "topology"
 CONFIG = "config"
 SEED = "seed"
 SEED_SOURCE = "seed_source"
+YIELDING_SOURCES = ("drawn", "initial_seed")  # seed sources not chosen for the data: a checkpoint's seed wins
 BASE = "base"
 ORDER_FINGERPRINT = "order_fingerprint"  # a digest of the epoch's order (map-style loaders; optional: older states lack it)
 ORDER_WORLD = "order_world_size"  # the world size whose DistributedSampler shares make the epoch's order
@@ -76,8 +77,8 @@ class LoaderState(TypedDict):
         batches_yielded: This rank's batches handed to the training loop in the epoch
             (derived from ``samples_consumed``; kept for progress bars and checking).
         seed: The seed every epoch's order is drawn from.
-        seed_source: ``"data_seed"``, ``"generator"`` or ``"drawn"``; only a drawn seed
-            may be replaced by a checkpoint's.
+        seed_source: ``"data_seed"``, ``"generator"``, ``"initial_seed"`` (``set_seed``'s, with
+            ``use_seedable_sampler``) or ``"drawn"``; only the last two may be replaced by a checkpoint's.
         topology: :class:`Topology` at save time.
         config: :class:`LoaderConfig` at save time.
         base: The base loader's own state, untouched (``None`` for a plain ``DataLoader``).
@@ -163,6 +164,6 @@ def resolve_seed(saved: Mapping[str, Any], seed: int, seed_source: str) -> tuple
     saved_seed = saved[SEED]
     if saved_seed == seed:
         return None, seed, seed_source
-    if seed_source == "drawn":
+    if seed_source in YIELDING_SOURCES:
         return None, saved_seed, saved[SEED_SOURCE]
     return Mismatch(SEED, saved_seed, seed), seed, seed_source

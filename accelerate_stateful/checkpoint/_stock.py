@@ -219,7 +219,9 @@ def place(loaders: Sequence[Any], positions: Sequence[Optional[StockPosition]]) 
 
 
 def order_note(loader: Any) -> str:
-    if loader._config().get("order") == "sequential":
+    """Nothing for an order the stock run drew as this package does (sequential, or ``use_seedable_sampler``'s
+    shuffle, a function of seed and epoch); else that the stock shuffle is not recorded."""
+    if loader._config().get("order") in ("sequential", "seedable-random"):
         return ""
     return ("; the rest of the epoch follows this package's order, drawn from the loader's seed: the stock run "
             "drew a shuffle that its checkpoint does not record")

@@ -119,6 +119,8 @@ class StatefulTrainerMixin:
     def train(self, resume_from_checkpoint: Union[str, bool, None] = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; ``resume_from_checkpoint=True`` takes the newest complete checkpoint, or starts fresh."""
         self._resume_dir = self._checkpoint_to_resume(resume_from_checkpoint)
+        if self.args.save_strategy != "no":  # decided before the first step: a save never meets a stock folder
+            _trainer_stock.refuse_stock_ahead(DistContext.detect(), Path(self.args.output_dir), self._resume_dir)
         if self._resume_dir is not None and not self._resume_stock:  # every byte checked before the model loads
             self._resume_manifest = _resume.verify_once(DistContext.detect(), self._resume_dir)
         if resume_from_checkpoint and self.args.ignore_data_skip and not self._resume_stock:

@@ -239,7 +239,7 @@ class DataLoaderAdapter:
         mismatches = []
         if state_dict[S.MODE] != self.mode:
             mismatches.append(Mismatch(S.MODE, state_dict[S.MODE], self.mode))
-        config = self._config_at(state_dict[S.TOPOLOGY].get("world_size"))
+        config = self._config_for(state_dict)
         mismatches += S.config_mismatches(state_dict[S.CONFIG], config)
         if any(m.field == "batch_size" for m in mismatches):
             refusal = self._rebatch_refusal(state_dict)
@@ -260,6 +260,10 @@ class DataLoaderAdapter:
         mark = check_entry(state_dict, f" in {source}" if source else "")
         if mark is not None:
             self.validate_state(mark, source)
+
+    def _config_for(self, state_dict: Mapping[str, Any]) -> dict:
+        """The settings ``state_dict``'s are compared with: this loader's at the saved world size."""
+        return self._config_at(state_dict[S.TOPOLOGY].get("world_size"))
 
     def needs_all_ranks(self, state_dict: Mapping[str, Any]) -> bool:
         """Whether resuming from ``state_dict`` (this rank's saved state) needs every saved rank's state."""

@@ -13,7 +13,7 @@ from ..checkpoint import _state as S
 from ._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ..position._distributed import DistributedOrder, owns_sharding, share_length
-from ..position._order import EpochOrder, SamplerOrder, choose_seed, mix_seed, order_for
+from ..position._order import SHUFFLES, EpochOrder, SamplerOrder, choose_seed, mix_seed, order_for
 from ..position._sampler_rng import fingerprint
 from ._ordered import require_in_order
 from ..training._rng import PipelineRNG
@@ -123,7 +123,7 @@ class ShardDataLoader(DataLoaderAdapter):
         self._skips: list[list[int]] = []  # [epoch, start, stop] ranges of positions left out (``skip_samples``)
         self._plan = self._plan_from(0)
         self._consumed = 0
-        self._cached_order: tuple[tuple[int, int, int], torch.Tensor, list] = ((-1, -1, -1), torch.empty(0), [])
+        self._cached_order: tuple[tuple, torch.Tensor, list] = ((-1, -1, -1), torch.empty(0), [])
         self._pipeline = PipelineRNG(pipeline_rng, self.num_workers, dataset)
         # The first epoch's order is drawn here (``prepare``, which every process reaches): a sampler that cannot
         # be resumed is refused on every process at the same point, never at a first len(dl) one process makes.
@@ -141,6 +141,7 @@ class ShardDataLoader(DataLoaderAdapter):
         even_batches: bool = True,
         data_seed: Optional[int] = None,
         pipeline_rng: str = "auto",
+        use_seedable_sampler: bool = False,
     ) -> "ShardDataLoader":
         """Build the shard loader that replaces a user's ``DataLoader`` in ``prepare``."""
         ctx = ctx if ctx is not None else DistContext.detect()
@@ -161,11 +162,11 @@ class ShardDataLoader(DataLoaderAdapter):
                 f"the sampler {type(sampler).__name__} has no len(), so a position in its epoch cannot be "
                 "resumed; give it a __len__ or use a sampler that has one"
             )
-        seed, seed_source = choose_seed(dataloader, data_seed, ctx)
+        seed, seed_source = choose_seed(dataloader, data_seed, ctx, use_seedable_sampler)
         settings = loader_settings(dataloader)
         return cls(
             dataset,
-            order=order_for(sampler, dataset),
+            order=order_for(sampler, dataset, use_seedable_sampler),
             batch_size=dataloader.batch_size,
             ctx=ctx,
             seed=seed,
@@ -231,7 +232,7 @@ class ShardDataLoader(DataLoaderAdapter):
         """The order of ``epoch`` drawn from ``seed`` (the current ones by default), memoised."""
         order = order or self._order
         key = (self._seed if seed is None else seed, self._epoch if epoch is None else epoch,
-               getattr(order, "world_size", 0), getattr(order, "order_batch", None))
+               getattr(order, "world_size", 0), getattr(order, "order_batch", None), order.kind)
         if self._cached_order[0] != key:
             indices = order.indices(*key[:2])
             if len(indices) != order.num_samples:
@@ -362,10 +363,23 @@ class ShardDataLoader(DataLoaderAdapter):
         check_saved_steps(lambda: self._plan_from(origin, world, rank, order, saved_batch, skipped),
                           self._saved_consumed(state_dict, order), state_dict, source)
 
+    def _config_for(self, state_dict: Mapping[str, Any]) -> dict:
+        config = super()._config_for(state_dict)
+        config["order"] = self._kept_shuffle(state_dict).kind
+        return config
+
+    def _kept_shuffle(self, state_dict: Mapping[str, Any]) -> EpochOrder:
+        """A plain shuffle keeps the order its checkpoint was written in (``_order.SHUFFLES``: both are pure
+        functions of seed and epoch), whichever ``use_seedable_sampler`` this run has."""
+        saved = state_dict[S.CONFIG].get("order")
+        if self._base_order.kind in SHUFFLES and saved in SHUFFLES and saved != self._base_order.kind:
+            return SHUFFLES[saved](self._base_order.num_samples)
+        return self._base_order
+
     def _saved_order(self, state_dict: Mapping[str, Any], where: str) -> EpochOrder:
         """The order the saved epoch is read in: a ``DistributedSampler``'s keeps the world size that began it."""
         if not self._base_order.world_dependent:
-            return self._base_order
+            return self._kept_shuffle(state_dict)
         world = state_dict.get(S.ORDER_WORLD, state_dict[S.TOPOLOGY]["world_size"])
         batch = state_dict.get(S.ORDER_BATCH, state_dict[S.CONFIG]["batch_size"])
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (world, batch)):
@@ -403,6 +417,7 @@ class ShardDataLoader(DataLoaderAdapter):
             _refusals.order_changed(state_dict[S.EPOCH], saved, current, self._order.kind, source)
 
     def _restore(self, state_dict: Mapping[str, Any]) -> None:
+        self._base_order = self._kept_shuffle(state_dict)
         self._order = self._saved_order(state_dict, "")
         if state_dict[S.SAMPLES_CONSUMED] == 0:
             self._use_order_of(self.ctx.world_size)  # an epoch nobody began yet is this world size's own

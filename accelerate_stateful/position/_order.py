@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
 
 from .. import _log
+from ..checkpoint._state import YIELDING_SOURCES
 from .._context import DistContext
 from ..training._rng import preserved_globals, seed_globals
 from ._sampler_rng import drawn_twice, reseed, user_seed
@@ -65,6 +66,21 @@ class ShuffledOrder(EpochOrder):
         return torch.randperm(self.num_samples, generator=generator_for(seed, epoch))
 
 
+class SeedableOrder(EpochOrder):
+    """Accelerate's ``SeedableRandomSampler`` (``use_seedable_sampler=True``, the 🤗 Trainer's default): epoch
+    ``e`` is the permutation of a generator seeded with ``seed + e``, so a stock run's order is continued."""
+
+    kind = "seedable-random"
+
+    def indices(self, seed: int, epoch: int) -> torch.Tensor:
+        return torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(seed + epoch))
+
+
+# Orders of a plain ``RandomSampler``, each a pure function of (seed, epoch): a checkpoint keeps the one it
+# was written in, whichever ``use_seedable_sampler`` says now.
+SHUFFLES = {ShuffledOrder.kind: ShuffledOrder, SeedableOrder.kind: SeedableOrder}
+
+
 class SamplerOrder(EpochOrder):
     """A user's own sampler, drawn once per epoch under an RNG seeded from (seed, epoch).
 
@@ -102,17 +118,23 @@ class SamplerOrder(EpochOrder):
         return drawn
 
 
-def order_for(sampler: Sampler, dataset: Any) -> EpochOrder:
-    """The epoch order that reproduces ``sampler``, the sampler of a user's ``DataLoader`` over ``dataset``."""
+def order_for(sampler: Sampler, dataset: Any, seedable: bool = False) -> EpochOrder:
+    """The epoch order that reproduces ``sampler``, the sampler of a user's ``DataLoader`` over ``dataset``;
+    ``seedable``: Accelerate's ``use_seedable_sampler``, which replaces a ``RandomSampler`` by its own."""
     dataset_length = len(dataset)
     if type(sampler) is SequentialSampler:
         return SequentialOrder(dataset_length)
-    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == dataset_length:
-        return ShuffledOrder(dataset_length)
+    if _plain_shuffle(sampler, dataset_length):
+        return SeedableOrder(dataset_length) if seedable else ShuffledOrder(dataset_length)
     return SamplerOrder(sampler, dataset)
 
 
-def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext) -> tuple[int, str]:
+def _plain_shuffle(sampler: Sampler, dataset_length: int) -> bool:
+    return type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == dataset_length
+
+
+def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistContext,
+                seedable: bool = False) -> tuple[int, str]:
     """The seed of the epoch orders, agreed across ranks: the user's choice, else one drawn at random.
 
     Rank 0's wins, as in Accelerate (``synchronize_rng_states`` hands every rank rank 0's generator): a
@@ -120,9 +142,9 @@ def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistConte
     permutation, and some samples would go to two ranks and others to none. Where the ranks' seeds
     differed, the main process says so once.
     """
-    seed, source = _local_seed(dataloader, data_seed)
+    seed, source = _local_seed(dataloader, data_seed, seedable)
     everyone = ctx.all_gather(seed)
-    if source != "drawn" and any(other != everyone[0] for other in everyone[1:]) and ctx.is_main:
+    if source not in YIELDING_SOURCES and any(other != everyone[0] for other in everyone[1:]) and ctx.is_main:
         shown = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(everyone))
         logger.warning(
             "the DataLoader's shuffle seed (%s) differs between processes (%s); every process uses rank 0's, %d, "
@@ -132,11 +154,13 @@ def choose_seed(dataloader: DataLoader, data_seed: Optional[int], ctx: DistConte
     return int(everyone[0]), source
 
 
-def _local_seed(dataloader: DataLoader, data_seed: Optional[int]) -> tuple[int, str]:
+def _local_seed(dataloader: DataLoader, data_seed: Optional[int], seedable: bool) -> tuple[int, str]:
     """This rank's own seed of the epoch orders and where it comes from (``"data_seed"``, ``"generator"``,
-    ``"drawn"``)."""
+    ``"initial_seed"``, ``"drawn"``)."""
     if data_seed is not None:
         return int(data_seed), "data_seed"
+    if seedable and _plain_shuffle(dataloader.sampler, len(dataloader.dataset)):
+        return int(torch.random.initial_seed()), "initial_seed"  # as SeedableRandomSampler: set_seed()'s seed
     held = user_seed(dataloader.sampler, (dataloader.dataset,))
     if held is not None:
         return held, "generator"
