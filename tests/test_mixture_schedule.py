@@ -21,6 +21,7 @@ from accelerate_stateful import DistContext, IterableShardDataLoader, Mixture, R
 from accelerate_stateful.errors import CheckpointError, UnsupportedConfigError
 from accelerate_stateful.sources._mixture_draw import Table, draw_key, uniform
 
+from cli_run import cli_json, run_cli, save_checkpoint
 from test_mixture import BASES, mixture
 from test_mixture_loader import _next_indices, _ranks_run, _sized, epoch, ids, run_chain
 
@@ -209,3 +210,16 @@ def test_a_position_saved_before_tokens_were_counted_resumes_counting_from_zero(
     item = next(iter(resumed))
     assert sum(resumed.tokens().values()) == _tokens(item)
 
+
+def test_inspect_shows_the_samples_and_tokens_drawn_from_each_source(tmp_path):
+    loader = IterableShardDataLoader.from_dataloader(DataLoader(token_mixture(), batch_size=4, collate_fn=list),
+                                                     DistContext(0, 1))
+    taken = list(itertools.islice(iter(loader), 5))
+    counts = token_mixture().delivered(loader.state_dict()), token_mixture().tokens(loader.state_dict())
+    ckpt = save_checkpoint(tmp_path / "checkpoint_1", [[loader.state_dict()]])
+    row = cli_json("inspect", ckpt)["loaders"][0]["ranks"][0]
+    assert row["mixture_sources"] == {n: {"samples": counts[0][n], "tokens": counts[1][n]} for n in counts[0]}
+    assert sum(c["samples"] for c in row["mixture_sources"].values()) == sum(len(b) for b in taken) == 20
+    status, out, err = run_cli("inspect", ckpt)
+    shown = "; ".join(f"{n} {counts[0][n]} samples, {counts[1][n]} tokens" for n in ("image", "long", "short"))
+    assert status == 0 and f"  mixture sources, delivered in epoch 0 (all ranks): {shown}" in out.splitlines(), out
