@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import random
+import re
 
 import pytest
 from torch.utils.data import DataLoader
@@ -223,3 +224,12 @@ def test_inspect_shows_the_samples_and_tokens_drawn_from_each_source(tmp_path):
     status, out, err = run_cli("inspect", ckpt)
     shown = "; ".join(f"{n} {counts[0][n]} samples, {counts[1][n]} tokens" for n in ("image", "long", "short"))
     assert status == 0 and f"  mixture sources, delivered in epoch 0 (all ranks): {shown}" in out.splitlines(), out
+
+
+def test_the_schedules_example_of_the_docs_runs_as_written(capsys):
+    from scripts import ROOT
+
+    page = (ROOT / "docs" / "sources" / "mixture.md").read_text(encoding="utf-8")
+    section = page.split("## Schedules", 1)[1]
+    exec(re.search(r"```python\n(.*?)```", section, flags=re.S).group(1), {})
+    assert "'code'" in capsys.readouterr().out

@@ -36,8 +36,8 @@ class Mixture(GlobalStream):
     ``"restart"`` reads that source again from its start and goes on (the epoch then ends after
     ``samples_per_epoch`` samples, or never).
 
-    ``weights`` may be a schedule instead, a pure function of the global sample index (``Stages``, ``Ramp``
-    in ``sources/schedule.py``): ``Mixture(sources, Stages([(0, w0), (10_000, w1)]))``.
+    ``weights`` may be a schedule instead, weights as a pure function of the global sample index:
+    :class:`Stages` and :class:`Ramp`, e.g. ``Mixture(sources, Stages([(0, w0), (10_000, w1)]))``.
 
     Weights change with :meth:`set_weights`, or by passing other weights to ``Mixture(...)`` on a resume:
     they take effect from the next pass's first sample that no worker has read (a resumed epoch), or from

@@ -29,7 +29,7 @@ class Ramp:
     weights change once per block of ``block`` samples (``block=1``: at every sample).
 
     Examples:
-        >>> Ramp(10_000, 20_000, {"web": 1, "code": 0}, {"web": 0.5, "code": 0.5}).weights_at(15_000)
+        >>> Ramp(0, 10_240, {"web": 1, "code": 0}, {"web": 0.5, "code": 0.5}).weights_at(5_120)
         {'code': 0.25, 'web': 0.75}
     """
 
