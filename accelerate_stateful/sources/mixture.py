@@ -52,7 +52,8 @@ class Mixture(GlobalStream):
         delivered: per source, the samples this worker's share delivered in this epoch.
         restarts: per source, how many times it was read again from its start.
         tokens: per source, the tokens of the samples this worker's share delivered (``token_count``: the
-            length of a list or 1-d tensor of token ids, or of a dict's ``input_ids``); absent before 0.x.
+            length of a list or 1-d tensor of token ids, or of a dict's ``input_ids``); read as 0 when absent
+            (a position written before tokens were counted).
 
     Examples:
         >>> mix = Mixture({"web": web, "code": code}, {"web": 0.7, "code": 0.3}, seed=1)  # doctest: +SKIP
