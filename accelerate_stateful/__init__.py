@@ -32,6 +32,7 @@ _SOURCES = {
     "PREEMPTED_EXIT_CODE": ".training._preemption",
     "Packed": ".sources.packed",
     "Phase": ".loaders._passes",
+    "Ramp": ".sources.schedule",
     "RoundRobinDataset": ".sources.roundrobin",
     "RoundRobinLoader": ".sources.roundrobin",
     "SampleRNG": ".training._rng",
@@ -40,6 +41,7 @@ _SOURCES = {
     "ShardPlan": ".position._plan",
     "ShardedSource": ".sources.sharded",
     "SkipDataLoader": ".loaders.skip",
+    "Stages": ".sources.schedule",
     "StateMismatchError": ".errors",
     "StateSerializationError": ".errors",
     "StatefulLoaderError": ".errors",
@@ -69,6 +71,7 @@ __all__ = [
     "PREEMPTED_EXIT_CODE",
     "Packed",
     "Phase",
+    "Ramp",
     "RoundRobinDataset",
     "RoundRobinLoader",
     "SampleRNG",
@@ -77,6 +80,7 @@ __all__ = [
     "ShardedSource",
     "Shuffled",
     "SkipDataLoader",
+    "Stages",
     "StateMismatchError",
     "StateSerializationError",
     "StatefulLoaderError",
@@ -127,6 +131,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .sources.mixture import Mixture
     from .sources.packed import Packed
     from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
+    from .sources.schedule import Ramp, Stages
     from .sources.sharded import HFShards, LogicalShardStream, ShardedSource, TextLines
     from .sources.shuffle import Shuffled, exact_shuffle
     from .training._preemption import PREEMPTED_EXIT_CODE

@@ -14,6 +14,7 @@ from ._position import KINDS, is_map_style, map_position, with_reader
 from ._read import Checkpoint, UnreadableCheckpoint
 from ..errors import StatefulLoaderError
 from ..sources._merge import merge_positions
+from ..sources._mixture_state import source_counts
 from ..position._saved import striped_settings
 
 SCHEMA_VERSION = 1
@@ -83,6 +84,7 @@ def _rank(ckpt: Checkpoint, index: int, states: list, rank: int) -> dict:
         "logical_shards": None,
         "replayed_samples": None,
         "skipped_samples": None,
+        "mixture_sources": None,
     }
     if is_map_style(with_reader(states, rank)):
         row.update(_map_position(ckpt, index, states, rank))
@@ -131,6 +133,7 @@ def _stream_position(state: Mapping[str, Any]) -> dict:
     # What a resume reads again and drops: the items each unfinished reader had read (as the loader counts it).
     found["replayed_samples"] = 0 if stream["stateful"] else sum(s["items"] for s in snapshots if not s["ended"])
     found["skipped_samples"] = [list(r) for r in state.get(S.SKIPPED, [])]  # item indices of a composable source
+    found["mixture_sources"] = source_counts(state) or None  # a Mixture's (outermost) per-source counters
     return found
 
 
@@ -153,12 +156,24 @@ def format_report(report: dict) -> str:
         if skipped:
             lines.append("  skipped samples (skip_samples): " + ", ".join(
                 f"[{start}, {stop}) of epoch {epoch}" for epoch, start, stop in skipped))
+        lines += _mixture_lines(loader["ranks"])
         for row in loader["ranks"]:
             shards = row.get("logical_shards")
             if shards:
                 where = " ".join(f"{i}@{p}" for i, p in sorted(shards["positions"].items(), key=lambda kv: int(kv[0])))
                 lines.append(f"  rank {row['rank']} logical shards: {where or '-'}; done {shards['done'] or '-'}")
     return "\n".join(lines)
+
+
+def _mixture_lines(rows: list) -> list:
+    """A Mixture's per-source counters, from the first rank that has them (one rank's worker shares hold every
+    rank's samples)."""
+    row = next((row for row in rows if row.get("mixture_sources")), None)
+    if row is None:
+        return []
+    counts = row["mixture_sources"]
+    shown = "; ".join(f"{name} {c['samples']} samples, {c['tokens']} tokens" for name, c in counts.items())
+    return [f"  mixture sources, delivered in epoch {row['epoch']} (all ranks): {shown}"]
 
 
 def _status(report: dict) -> str:

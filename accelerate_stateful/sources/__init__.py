@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 _SOURCES = {
     "Mixture": ".mixture",
     "Packed": ".packed",
+    "Ramp": ".schedule",
     "Shuffled": ".shuffle",
+    "Stages": ".schedule",
     "exact_shuffle": ".shuffle",
 }
 
@@ -33,4 +35,5 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from .mixture import Mixture
     from .packed import Packed
+    from .schedule import Ramp, Stages
     from .shuffle import Shuffled, exact_shuffle

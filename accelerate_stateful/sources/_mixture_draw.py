@@ -8,8 +8,9 @@ the next, so any share can draw any ``k`` without drawing the ones before it, an
 on every topology. The draws are independent: the realized proportions are multinomial around the
 weights (``docs/sources/mixture.md`` gives the measured spread).
 
-The schedule is a list of ``[from_index, weights]`` entries, ascending: the weights of the last entry
-whose ``from_index`` is at most ``k`` are in effect at ``k``.
+The schedule is a list of ``[from_index, plan]`` entries, ascending: the plan (weights, or a ``Stages`` or
+``Ramp`` schedule of them, ``schedule.py``) of the last entry whose ``from_index`` is at most ``k`` is in
+effect at ``k``, and gives the weights of ``k``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def proportions(weights: Mapping[str, float]) -> dict[str, float]:
     return {name: weights[name] / total for name in sorted(weights)}
 
 
+def show_weights(weights: Mapping[str, float]) -> str:
+    return "{" + ", ".join(f"{name}: {weights[name]:g}" for name in sorted(weights)) + "}"
+
+
 def same_weights(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
     """Whether two weights draw the same sources (a source missing from one has weight 0 there)."""
     names = set(a) | set(b)
@@ -101,17 +106,6 @@ def check_weights(weights: Any, names: list[str], where: str) -> dict[str, float
             f"{where}: every weight is 0, so no source can be drawn; give at least one source a positive weight"
         )
     return found
-
-
-def extend(schedule: list, at: int, weights: Mapping[str, float]) -> list:
-    """``schedule`` with ``weights`` in effect from sample ``at`` on (unchanged if they are already in effect).
-
-    An entry at or after ``at`` was never drawn from (``at`` is where the shares stand), so it is replaced.
-    """
-    kept = [entry for entry in schedule if entry[0] < at]
-    if kept and same_weights(kept[-1][1], weights):
-        return [list(entry) for entry in kept]
-    return [list(entry) for entry in kept] + [[int(at), dict(weights)]]
 
 
 def in_effect(schedule: list, k: int) -> int:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 from torch.utils.data import get_worker_info
 
 from .. import _log
 from ._global import GlobalStream, check_child, check_source, open_source
-from ._mixture_draw import Table, check_weights, draw_key, extend, in_effect, same_weights, uniform
-from ._mixture_state import checked_position, mixture_positions, schedule_of, show_weights, start_position
+from ._mixture_draw import Table, draw_key, in_effect, uniform
+from ._mixture_state import checked_position, schedule_of, source_counts, start_position, token_count
+from .schedule import Ramp, Schedule, Stages, check_plan, extend, plan_from_json, plan_json, same_plan, show_plan
 from ..errors import UnsupportedConfigError
 
 logger = _log.get_logger(__name__)
@@ -35,17 +36,24 @@ class Mixture(GlobalStream):
     ``"restart"`` reads that source again from its start and goes on (the epoch then ends after
     ``samples_per_epoch`` samples, or never).
 
+    ``weights`` may be a schedule instead, weights as a pure function of the global sample index:
+    :class:`Stages` and :class:`Ramp`, e.g. ``Mixture(sources, Stages([(0, w0), (10_000, w1)]))``.
+
     Weights change with :meth:`set_weights`, or by passing other weights to ``Mixture(...)`` on a resume:
     they take effect from the next pass's first sample that no worker has read (a resumed epoch), or from
     the next epoch's start, and the checkpoint records them as a schedule.
 
     State dict (under ``GlobalStream``'s ``{"index", "position"}``; ``position``):
         next: the global index of the next sample.
-        schedule: ``[[from_index, {name: weight}], ...]``, the weights in effect from each index on.
+        schedule: ``[[from_index, plan], ...]``, the weights in effect from each index on: a plan is
+            ``{name: weight}``, or a ``Stages``/``Ramp`` schedule's JSON form (``schedule.plan_json``).
         sources: each source's position (its next index, or its own ``state_dict()``; ``None``: its start).
         drawn: per source, the samples drawn from it in this epoch (its next index in its own order).
         delivered: per source, the samples this worker's share delivered in this epoch.
         restarts: per source, how many times it was read again from its start.
+        tokens: per source, the tokens of the samples this worker's share delivered (``token_count``: the
+            length of a list or 1-d tensor of token ids, or of a dict's ``input_ids``); read as 0 when absent
+            (a position written before tokens were counted).
 
     Examples:
         >>> mix = Mixture({"web": web, "code": code}, {"web": 0.7, "code": 0.3}, seed=1)  # doctest: +SKIP
@@ -55,7 +63,7 @@ class Mixture(GlobalStream):
     def __init__(
         self,
         sources: Mapping[str, Any],
-        weights: Mapping[str, float],
+        weights: Union[Mapping[str, float], Schedule],
         *,
         seed: int = 0,
         on_exhausted: str = STOP,
@@ -80,18 +88,19 @@ class Mixture(GlobalStream):
             )
         self.sources = dict(sources)
         self.names = sorted(self.sources)
-        self._weights = check_weights(weights, self.names, "Mixture")
+        self._plan = check_plan(weights, self.names, "Mixture")
         self.seed = int(seed)
         self.on_exhausted = on_exhausted
         self.samples_per_epoch = samples_per_epoch
 
     @property
-    def weights(self) -> dict[str, float]:
-        """The weights the next pass starts with (a pass in progress keeps its own: see :meth:`set_weights`)."""
-        return dict(self._weights)
+    def weights(self) -> Union[dict[str, float], Schedule]:
+        """The weights, or the schedule, the next pass starts with (a pass in progress keeps its own: see
+        :meth:`set_weights`)."""
+        return self._plan if isinstance(self._plan, (Stages, Ramp)) else dict(self._plan)
 
-    def set_weights(self, weights: Mapping[str, float]) -> None:
-        """Draw with ``weights`` from the next pass on.
+    def set_weights(self, weights: Union[Mapping[str, float], Schedule]) -> None:
+        """Draw with ``weights`` (or a ``Stages``/``Ramp`` schedule) from the next pass on.
 
         Under the package's loader (``accelerator.prepare``) the new weights reach every worker, persistent
         ones too, at the start of the next pass: the next epoch from its first sample, or the epoch a
@@ -106,11 +115,11 @@ class Mixture(GlobalStream):
             UnsupportedConfigError: a weight is negative or not a number, all are 0, or the names are not
                 exactly this mixture's sources.
         """
-        self._weights = check_weights(weights, self.names, "Mixture.set_weights")
+        self._plan = check_plan(weights, self.names, "Mixture.set_weights")
 
     # ------------------------------------------------------------------ GlobalStream
     def settings(self) -> dict[str, Any]:
-        return {"weights": show_weights(self._weights), "seed": self.seed, "on_exhausted": self.on_exhausted,
+        return {"weights": show_plan(self._plan), "seed": self.seed, "on_exhausted": self.on_exhausted,
                 "samples_per_epoch": self.samples_per_epoch}
 
     def children(self) -> dict[str, Any]:
@@ -123,9 +132,9 @@ class Mixture(GlobalStream):
 
     def open(self, position: Optional[Any], epoch: int) -> "_Cursor":
         if position is None:
-            return _Cursor(self, start_position(self.names, self._weights), epoch)
+            return _Cursor(self, start_position(self.names, plan_json(self._plan)), epoch)
         found = checked_position(position, self.names)
-        if not position.get("agreed") and not same_weights(found["schedule"][-1][1], self._weights):
+        if not position.get("agreed") and not same_plan(found["schedule"][-1][1], plan_json(self._plan)):
             found["schedule"] = self._switch_alone(found)
         return _Cursor(self, found, epoch)
 
@@ -134,14 +143,14 @@ class Mixture(GlobalStream):
         info = get_worker_info()
         if info is not None and info.num_workers > 1:
             raise UnsupportedConfigError(
-                f"the Mixture's weights changed since the checkpoint ({show_weights(position['schedule'][-1][1])}"
-                f" -> {show_weights(self._weights)}), and {info.num_workers} DataLoader workers resume it, each "
+                f"the Mixture's weights changed since the checkpoint ({show_plan(position['schedule'][-1][1])}"
+                f" -> {show_plan(self._plan)}), and {info.num_workers} DataLoader workers resume it, each "
                 "from its own sample; without accelerate_stateful's loader they cannot agree where to switch. "
                 "Prepare the DataLoader with accelerator.prepare, or resume with the saved weights"
             )
         at = position["next"]
-        schedule = extend(position["schedule"], at, self._weights)
-        logger.warning("Mixture: %s", _change_line(position["schedule"], at, self._weights))
+        schedule = extend(position["schedule"], at, plan_json(self._plan))
+        logger.warning("Mixture: %s", _change_line(position["schedule"], at, self._plan))
         return schedule
 
     def agree(self, positions: list) -> tuple[list, list[str]]:
@@ -153,16 +162,16 @@ class Mixture(GlobalStream):
         shares ahead of it drew past them with those weights.
         """
         if all(position is None for position in positions):
-            agreed = [dict(start_position(self.names, self._weights), agreed=True) for _ in positions]
+            agreed = [dict(start_position(self.names, plan_json(self._plan)), agreed=True) for _ in positions]
             return self._agree_children(agreed, [])
         found = [None if position is None else checked_position(position, self.names) for position in positions]
         saved = schedule_of([position for position in found if position is not None])
         at = max(position["next"] for position in found if position is not None)
-        schedule = extend(saved, at, self._weights)
-        lines = [] if schedule == saved else [f"Mixture: {_change_line(saved, at, self._weights)}"]
+        schedule = extend(saved, at, plan_json(self._plan))
+        lines = [] if schedule == saved else [f"Mixture: {_change_line(saved, at, self._plan)}"]
         agreed = []
         for position in found:
-            position = position if position is not None else start_position(self.names, self._weights)
+            position = position if position is not None else start_position(self.names, plan_json(self._plan))
             agreed.append(dict(position, schedule=copy.deepcopy(schedule), agreed=True))
         return self._agree_children(agreed, lines)
 
@@ -188,11 +197,17 @@ class Mixture(GlobalStream):
                 account for every rank's samples). ``None``: this object's own position (the samples it
                 delivered when iterated in this process).
         """
-        totals = dict.fromkeys(self.names, 0)
-        for position in mixture_positions(self.state_dict() if state is None else state):
-            for name, count in position["delivered"].items():
-                totals[name] = totals.get(name, 0) + int(count)
-        return totals
+        return self._counted(state, "samples")
+
+    def tokens(self, state: Optional[Any] = None) -> dict[str, int]:
+        """Per source, the tokens of the samples delivered in the epoch: the length of each item that has one
+        (a list, tuple or 1-d tensor of token ids, or a dict's ``input_ids``; other items count 0). ``state``
+        as for :meth:`delivered`."""
+        return self._counted(state, "tokens")
+
+    def _counted(self, state: Optional[Any], key: str) -> dict[str, int]:
+        counts = source_counts(self.state_dict() if state is None else state)
+        return {name: counts.get(name, {}).get(key, 0) for name in sorted(set(self.names) | set(counts))}
 
 
 class _Cursor:
@@ -203,14 +218,15 @@ class _Cursor:
         self._restart, self._limit = mixture.on_exhausted == RESTART, mixture.samples_per_epoch
         self._key = draw_key(mixture.seed, epoch)
         self._schedule = position["schedule"]
-        self._tables = [Table(weights) for _, weights in self._schedule]
+        self._plans = [plan_from_json(plan) for _, plan in self._schedule]
+        self._table: Optional[Table] = None
+        self._until: float = -1  # the first index self._table does not draw (-1: none drawn yet)
         self._k = position["next"]
         self._saved = position["sources"]  # positions of the sources not opened yet
         self._cursors: dict[str, Any] = {}
         self._drawn, self._delivered = dict(position["drawn"]), dict(position["delivered"])
-        self._restarts = dict(position["restarts"])
+        self._restarts, self._tokens = dict(position["restarts"]), dict(position["tokens"])
         self._keeps: Optional[Callable[[int], bool]] = None
-        self._entry = in_effect(self._schedule, self._k)
 
     def split(self, keeps: Callable[[int], bool]) -> None:
         self._keeps = keeps
@@ -219,15 +235,24 @@ class _Cursor:
         k = self._k
         if self._limit is not None and k >= self._limit:
             raise StopIteration
-        while self._entry + 1 < len(self._schedule) and self._schedule[self._entry + 1][0] <= k:
-            self._entry += 1
-        name = self._tables[self._entry].pick(uniform(self._key, k))
+        if k >= self._until:  # a new entry, stage or ramp block: its weights
+            self._table, self._until = self._weights_from(k)
+        name = self._table.pick(uniform(self._key, k))
         item = self._read(name)  # StopIteration: a drawn source ended, and so does the epoch
         self._k = k + 1
         self._drawn[name] += 1
         if self._keeps is None or self._keeps(k):
             self._delivered[name] += 1
+            self._tokens[name] += token_count(item)
         return item
+
+    def _weights_from(self, k: int) -> tuple[Table, float]:
+        """The table of sample ``k``'s weights, and the first index it may not hold for."""
+        entry = in_effect(self._schedule, k)
+        weights, until = self._plans[entry].span(k)
+        if entry + 1 < len(self._schedule):
+            until = min(until, self._schedule[entry + 1][0])
+        return Table(weights), until
 
     def _read(self, name: str) -> Any:
         cursor = self._cursors.get(name)
@@ -260,6 +285,7 @@ class _Cursor:
             "drawn": dict(self._drawn),
             "delivered": dict(self._delivered),
             "restarts": dict(self._restarts),
+            "tokens": dict(self._tokens),
         }
 
 
@@ -271,9 +297,9 @@ def _unagreed(saved: Any) -> Any:
     return found
 
 
-def _change_line(schedule: list, at: int, weights: Mapping[str, float]) -> str:
-    before = schedule[in_effect(schedule, at)][1] if schedule and schedule[0][0] <= at else {}
-    return (f"weights change from global sample {at} on: {show_weights(before)} -> {show_weights(weights)} "
+def _change_line(schedule: list, at: int, plan: Any) -> str:
+    before = show_plan(schedule[in_effect(schedule, at)][1]) if schedule and schedule[0][0] <= at else "{}"
+    return (f"weights change from global sample {at} on: {before} -> {show_plan(plan)} "
             "(the samples before it keep the saved weights; nothing any source delivered is read again or lost)")
 
 
