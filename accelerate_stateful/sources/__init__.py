@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # Each public name (``__all__``), and the module that defines it.
 _SOURCES = {
+    "Filtered": ".filtered",
     "Mixture": ".mixture",
     "Packed": ".packed",
     "Shuffled": ".shuffle",
@@ -31,6 +32,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from .filtered import Filtered
     from .mixture import Mixture
     from .packed import Packed
     from .shuffle import Shuffled, exact_shuffle
