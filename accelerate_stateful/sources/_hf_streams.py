@@ -205,9 +205,16 @@ def _table_filters(node: Any) -> list:
 def _with_exact_buffers(node: Any) -> Any:
     """``node`` (a private copy) with every shuffle buffer, at any depth, played by an :class:`_ExactBuffer`, and
     every table-reading filter given its input one row at a time (the upstream fix of datasets#8359)."""
+    rows_one_at_a_time(node)
+    return _exact_buffers(node)
+
+
+def rows_one_at_a_time(node: Any) -> None:
+    """Give every table-reading filter of the pipeline ``node`` (a private copy) its input one row at a time, as
+    datasets 5.2 does (datasets#8359), so that its own state resumes it exactly; a pipeline 5.2 built is left
+    as it is."""
     for formatted in _table_filters(node):
         formatted.ex_iterable = RebatchedArrowExamplesIterable(formatted.ex_iterable, batch_size=1)
-    return _exact_buffers(node)
 
 
 def _exact_buffers(node: Any) -> Any:
