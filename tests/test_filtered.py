@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from accelerate_stateful import DistContext, Filtered, IterableShardDataLoader
 from accelerate_stateful.errors import CheckpointError, UnsupportedConfigError
 from accelerate_stateful.sources import Mixture, Packed, Shuffled
+from accelerate_stateful.sources._global import agree_states
 
 from harness import run_loop, through_files
 
@@ -107,6 +108,18 @@ def test_a_mixture_reports_kept_and_dropped_next_to_its_per_source_counts():
     assert counts["kept"] == position["drawn"]["a"] == mix.delivered()["a"] == sum(1 for i in items if i < 1000)
     assert counts["kept"] + counts["dropped"] == position["sources"]["a"]["source"]  # items read from the list
     assert counts["dropped"] == sum(1 for i in range(counts["kept"] + counts["dropped"]) if not keep(i))
+
+
+def test_a_weight_change_reaches_a_mixture_under_a_filter_and_keeps_its_counts():
+    def make(weights):
+        return Filtered(Mixture({"a": list(range(N)), "b": list(range(1000, 1000 + N))}, weights, seed=5), keep)
+
+    run = make({"a": 1, "b": 2})
+    list(itertools.islice(iter(run), 6))
+    saved = json.loads(json.dumps(run.state_dict()))
+    agreed, lines = agree_states(make({"a": 1, "b": 1}), [saved])
+    assert len(lines) == 1 and "{a: 1, b: 2} -> {a: 1, b: 1}" in lines[0]
+    assert {key: agreed[0]["position"][key] for key in ("kept", "dropped")} == run.counts()
 
 
 def by_id(row) -> bool:
