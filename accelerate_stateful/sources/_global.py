@@ -159,7 +159,7 @@ def _filters_read_by_row(source: Any) -> None:
     input row by row, so the child resumes exactly."""
     if not type(source).__module__.startswith("datasets"):
         return  # datasets is not imported for a source that is not one of its datasets
-    from ._hf_streams import rows_one_at_a_time
+    from ._hf_filters import rows_one_at_a_time
 
     rows_one_at_a_time(getattr(source, "_ex_iterable", None))
 
