@@ -99,6 +99,14 @@ def test_the_position_counts_kept_and_dropped_items_as_drawn():
     assert run.counts() == {"kept": 3 + len(rest), "dropped": N - 3 - len(rest)}
 
 
+def test_a_skip_range_leaves_out_kept_items_by_their_index_while_the_counts_stay_what_was_drawn():
+    whole = [i for i in range(N) if keep(i)]
+    stream = Filtered(list(range(N)), keep)
+    stream.load_state_dict({"index": 0, "position": None, "skip": [[1, 3]]})  # what loader.skip_samples puts there
+    assert list(stream) == whole[:1] + whole[3:]
+    assert stream.counts() == {"kept": len(whole), "dropped": N - len(whole)}
+
+
 def test_a_mixture_reports_kept_and_dropped_next_to_its_per_source_counts():
     mix = CONFIGS["in-mixture"]()
     items = list(itertools.islice(iter(mix), 30))
