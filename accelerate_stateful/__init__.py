@@ -21,6 +21,7 @@ _SOURCES = {
     "DispatchDataLoader": ".loaders.dispatch",
     "DistContext": "._context",
     "FORMAT_VERSION": ".checkpoint._state",
+    "Filtered": ".sources.filtered",
     "HFShards": ".sources.sharded",
     "IterableShardDataLoader": ".loaders.iterable",
     "LifecycleError": ".errors",
@@ -60,6 +61,7 @@ __all__ = [
     "DispatchDataLoader",
     "DistContext",
     "FORMAT_VERSION",
+    "Filtered",
     "HFShards",
     "IterableShardDataLoader",
     "LifecycleError",
@@ -128,6 +130,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .loaders.shard import ShardDataLoader
     from .loaders.skip import SkipDataLoader
     from .position._plan import ShardPlan
+    from .sources.filtered import Filtered
     from .sources.mixture import Mixture
     from .sources.packed import Packed
     from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader

@@ -10,6 +10,7 @@ INTENDED = [
     "DispatchDataLoader",
     "DistContext",
     "FORMAT_VERSION",
+    "Filtered",
     "HFShards",
     "IterableShardDataLoader",
     "LifecycleError",

@@ -119,6 +119,10 @@ NOT_DRAWN: dict[str, str] = {
                           "(docs/sources/shuffle.md)",
     "sources/_shuffle_hf.py": "exact_shuffle's replay of a datasets shuffle buffer; " + _PLUMBING,
     "sources/_hf_streams.py": "a datasets stream with shuffle buffers, read at prepare with each buffer replayed; " + _PLUMBING,
+    "sources/filtered.py": "Filtered, a composable source (a global sequence) read by the stream loader's box "
+                           "(docs/sources/filter.md)",
+    "sources/_hf_filters.py": "a datasets filter() that reads whole Arrow tables, given rows one at a time; "
+                              + _PLUMBING,
     "sources/_global.py": "GlobalStream, the base of the composable sources (Mixture); read by the stream "
                           "loader's box",
     "sources/mixture.py": "Mixture, a composable source (a global sequence) read by the stream loader's box "

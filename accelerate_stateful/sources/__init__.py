@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # Each public name (``__all__``), and the module that defines it.
 _SOURCES = {
+    "Filtered": ".filtered",
     "Mixture": ".mixture",
     "Packed": ".packed",
     "Ramp": ".schedule",
@@ -33,6 +34,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from .filtered import Filtered
     from .mixture import Mixture
     from .packed import Packed
     from .schedule import Ramp, Stages

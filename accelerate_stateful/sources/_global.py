@@ -136,6 +136,7 @@ class _StatefulCursor:
 
     def __init__(self, source: Any, position: Optional[Any], epoch: int) -> None:
         self._source = copy.deepcopy(source)  # a private copy: two cursors of one source never share a state
+        _filters_read_by_row(self._source)
         if callable(getattr(self._source, "set_epoch", None)):
             self._source.set_epoch(epoch)
         if position is not None:
@@ -150,6 +151,17 @@ class _StatefulCursor:
 
     def position(self) -> Any:
         return self._source.state_dict()
+
+
+def _filters_read_by_row(source: Any) -> None:
+    """A ``datasets.IterableDataset`` read through its own state, with a ``filter()`` that reads whole Arrow
+    tables (datasets before 5.2, datasets#8359: its state skips the rest of the table): that filter gets its
+    input row by row, so the child resumes exactly."""
+    if not type(source).__module__.startswith("datasets"):
+        return  # datasets is not imported for a source that is not one of its datasets
+    from ._hf_filters import rows_one_at_a_time
+
+    rows_one_at_a_time(getattr(source, "_ex_iterable", None))
 
 
 def check_source(source: Any, named: str = "") -> str:

@@ -18,12 +18,11 @@ import json
 from typing import Any, Optional
 
 from datasets import IterableDataset as HFIterable
-from datasets.iterable_dataset import (BufferShuffledExamplesIterable, FilteredExamplesIterable,
-                                       FormattedExamplesIterable, RebatchedArrowExamplesIterable,
-                                       _BaseExamplesIterable)
+from datasets.iterable_dataset import BufferShuffledExamplesIterable, _BaseExamplesIterable
 
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._global import Cursor, GlobalStream, hidden_worker_info
+from ._hf_filters import children as _children, rows_one_at_a_time, table_filters as _table_filters
 from ._shuffle_hf import _HFCursor, _Pipeline, _version, plays_rounds
 
 _KEY = "exact_shuffle"  # the buffer's position inside datasets' own state tree
@@ -174,11 +173,6 @@ class _ExactBuffer(_BaseExamplesIterable):
             yield f"exact_shuffle_{number}", item
 
 
-def _children(node: Any) -> list:
-    found = [getattr(node, "ex_iterable", None)] + list(getattr(node, "ex_iterables", None) or ())
-    return [child for child in found if child is not None]
-
-
 def _buffers(node: Any) -> list:
     """The shuffle buffers of a pipeline, top first."""
     found = [node] if isinstance(node, BufferShuffledExamplesIterable) else []
@@ -187,26 +181,10 @@ def _buffers(node: Any) -> list:
     return found
 
 
-def _table_filters(node: Any) -> list:
-    """The non-batched ``filter()`` steps that read their input by whole Arrow tables (datasets#8359, fixed in
-    datasets 5.2): such a filter saves the input's position at the end of the table it is reading, so a resume
-    skips the rest of that table."""
-    found = []
-    if isinstance(node, FilteredExamplesIterable) and not node.batched:
-        formatted = node.ex_iterable
-        if (isinstance(formatted, FormattedExamplesIterable) and formatted.ex_iterable.iter_arrow
-                and not isinstance(formatted.ex_iterable, RebatchedArrowExamplesIterable)):
-            found.append(formatted)
-    for child in _children(node):
-        found += _table_filters(child)
-    return found
-
-
 def _with_exact_buffers(node: Any) -> Any:
     """``node`` (a private copy) with every shuffle buffer, at any depth, played by an :class:`_ExactBuffer`, and
     every table-reading filter given its input one row at a time (the upstream fix of datasets#8359)."""
-    for formatted in _table_filters(node):
-        formatted.ex_iterable = RebatchedArrowExamplesIterable(formatted.ex_iterable, batch_size=1)
+    rows_one_at_a_time(node)
     return _exact_buffers(node)
 
 
