@@ -129,6 +129,8 @@ NOT_DRAWN: dict[str, str] = {
                           "(docs/sources/mixture.md)",
     "sources/_mixture_draw.py": "a Mixture's draws and weight schedule; " + _PLUMBING,
     "sources/_mixture_state.py": "a Mixture's saved position and its checks; " + _PLUMBING,
+    "sources/schedule.py": "Stages and Ramp, a Mixture's weights as a function of the sample index "
+                           "(docs/sources/mixture.md)",
     "loaders/_agree.py": "GlobalStream.agree: a composable source's shares agree at each pass start; " + _PLUMBING,
     "loaders/_stream_skips.py": "a composable source's items left out (skip_samples), put into each share's "
                                 "start; " + _PLUMBING,
