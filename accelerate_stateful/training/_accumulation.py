@@ -24,6 +24,7 @@ is incomplete. ``Accelerator(carry_gradients=False)`` writes none.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -81,7 +82,8 @@ def _unreachable(accelerator: Any) -> tuple[Optional[str], bool]:
     inside = not accelerator.sync_gradients
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         return _deepspeed.out_of_reach(accelerator), inside
-    fsdp1 = getattr(torch.distributed.fsdp, "FullyShardedDataParallel", ())
+    # A model wrapped in FSDP1 means its module is loaded; this package never imports it (seconds at start).
+    fsdp1 = getattr(sys.modules.get("torch.distributed.fsdp"), "FullyShardedDataParallel", ())
     wrapped = [model for model in accelerator._models if isinstance(model, fsdp1)]
     if wrapped:
         held = any(p.grad is not None for model in wrapped for p in model.parameters())
