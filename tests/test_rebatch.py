@@ -98,8 +98,9 @@ def test_the_rest_of_the_epoch_is_cut_at_the_new_batch_size_and_later_epochs_are
         resumed = resume(make_new, new_world, [state for _, state in taken])
         padding = resumed[0]._plan.padding
         rests = rest_and_later(resumed)
-        if steps == steps_in_epoch:  # saved after the epoch's last batch: the next epochs are a fresh run's
-            assert rests == fresh_later
+        if steps == steps_in_epoch:  # saved after the epoch's last batch: its rest is empty, then a fresh run's
+            assert [rest[0] for rest in rests] == [[]] * new_world
+            assert [rest[1:] for rest in rests] == fresh_later
             continue
         delivered = in_step_order([rest[0] for rest in rests])
         start = len(consumed)
@@ -159,8 +160,8 @@ def test_the_dispatcher_continues_at_another_batch_size(world, new_world, b, new
             loader.load_state_dict(merged)
         lengths = [(loader.batches_yielded, len(loader)) for loader in resumed]
         rest = stream(resumed)
-        if steps == total:  # saved after the epoch's last step: the next epoch is a fresh run's
-            assert rest == later
+        if steps == total:  # saved after the epoch's last step: its rest is empty, the next epoch a fresh run's
+            assert rest == [] and stream(resumed) == later
             continue
         start = len(consumed)
         step = new_b * new_world
