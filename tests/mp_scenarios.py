@@ -50,7 +50,6 @@ import contextlib
 import datetime
 import gc
 import json
-import os
 import logging
 import shutil
 import sys
@@ -749,20 +748,7 @@ def count_batches(cfg: dict) -> int:
     return sum(1 for _ in Run(cfg, per_epoch=[]).dl)
 
 
-def resumed_points(points: list[SavePoint], all_chains: list[list[SavePoint]], share: Optional[int]
-                   ) -> tuple[list[SavePoint], list[list[SavePoint]]]:
-    """The save points a scenario resumes from, and its chains: every one with ``share=None`` (``make
-    test-full``), else every other point and one chain of two, ``share`` (0 or 1) saying which, so that the
-    scenarios of a set, alternating, resume from every kind of point (``make test`` runs a sample of each
-    property grid: ``tests/conftest.py``). The run that saves writes every point either way."""
-    if share is None:
-        return points, all_chains
-    chains_kept = [all_chains[share % len(all_chains)]]
-    starts = {chain[0] for chain in chains_kept}
-    return [p for j, p in enumerate(points) if j % 2 == share or p in starts], chains_kept
-
-
-def run_scenario(cfg: dict, root: Path, found: Findings, share: Optional[int] = None) -> None:
+def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
     cfg = dict(cfg)
     counted = count_batches(cfg) if is_iterable(cfg) else None
     first = Run(cfg, per_epoch=[])  # set below, once every rank's batch count is known
@@ -793,8 +779,8 @@ def run_scenario(cfg: dict, root: Path, found: Findings, share: Optional[int] = 
     saver, _ = Run(cfg, per_epoch).drive([], folders)
     found.same_steps(reference, saver, "run checkpointing at every save point")
 
-    resumed, all_chains = resumed_points(points, chains(per_epoch), share)
-    for point in resumed:
+    all_chains = chains(per_epoch)
+    for point in points:
         # A resume that starts a chain writes the chain's next checkpoint along the way.
         nxt = {c[1]: root / f"chain{j}-1" for j, c in enumerate(all_chains) if c[0] == point}
         before = reference[: batches_before([point], own)]
@@ -837,8 +823,7 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
         print(f"{set_name}: {len(scenarios)} scenarios on {state.num_processes} processes "
               f"({state.distributed_type})", flush=True)
     results = []
-    whole = os.environ.get("ACCELERATE_STATEFUL_GRID") == "full"
-    for index, cfg in enumerate(scenarios):
+    for cfg in scenarios:
         # A pass the last scenario dropped while a caught exception's traceback held it ends when the garbage
         # collector runs, at a different moment on each rank, and its end unregisters its loader from Accelerate's
         # GradientState; collected here, it ends at the same point of every rank's run.
@@ -851,7 +836,7 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
             if cfg["id"] in LOOP_IDS:
                 found.compared = run_loop_case(cfg["id"], out_dir / "checkpoints" / cfg["id"], found.add)
             else:
-                run_scenario(cfg, out_dir / "checkpoints" / cfg["id"], found, None if whole else index % 2)
+                run_scenario(cfg, out_dir / "checkpoints" / cfg["id"], found)
         except Exception as exc:  # recorded here, then the launch ends on every rank (mp_harness_rank.run)
             found.add(f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             results.append({"id": cfg["id"], "passed": False, "difference": found.items[0], "raised": True})

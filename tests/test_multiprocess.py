@@ -10,10 +10,6 @@ with and without workers, every pair of num_workers, split_batches and drop_last
 and check each against Accelerate's own loader. They also run Hugging Face ``datasets`` sources (a
 ``Dataset`` and an ``IterableDataset``, in both modes, with and without workers, on 1, 2 and 3
 processes) and a ``RoundRobinDataset`` whose source may be opened once, on rank 0, outside the workers.
-
-Every scenario saves at every save point; in ``make test`` each resumes from every other one and runs one of
-its two resume chains, the scenarios of a set alternating, so a set resumes from every kind of point
-(``mp_scenarios.resumed_points``); ``make test-full`` resumes each scenario from every point.
 """
 
 from __future__ import annotations
