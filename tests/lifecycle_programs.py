@@ -1,7 +1,8 @@
 """Generated training programs over two prepared loaders, for the lifecycle property tests.
 
 A program is drawn from a seed: its loaders (sizes, batch sizes, ``drop_last``), the shape of its inner
-loop (``for``, a step-based ``it = iter(dl)``, ``zip``, a nested evaluation cut short), where it truncates
+loop (``for``, a step-based ``it = iter(dl)``, ``zip``, a nested evaluation cut short, and the plumbing users
+write around two training loaders: ``zip_longest``, ``chain(islice(b, k), a)``, a look-ahead prefetcher), where it truncates
 its epochs, whether it peeks at the top of each epoch or once after resuming, where it saves, when it
 collects garbage, and on which rank it keeps a caught exception (a frame cycle that keeps an iterator
 alive after its function returned) or turns the garbage collector off. Every program is written the way
@@ -18,7 +19,9 @@ of each save. A resumed run's trace must continue the uninterrupted one exactly.
 from __future__ import annotations
 
 import gc
+import itertools
 import random
+from collections import deque
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +42,7 @@ class Program:
     drop_last: bool
     n_b: int
     bs_b: int
-    pattern: str  # "for", "steps", "zip" or "nested"
+    pattern: str  # "for", "steps", "zip", "nested", "zip_longest", "chain" or "prefetch"
     limit: Optional[int]  # steps per epoch: a break at the top ("for", "zip", "nested"), the count ("steps")
     restart: str  # "epoch" (range(dl.epoch, E)), "count" (step // len(dl)), "own" (own epoch + set_epoch)
     top_peek: bool
@@ -55,6 +58,7 @@ class Program:
     epochs: int = 3
     query_rank: Optional[int] = None  # asks every query of both loaders, at many points, on that rank only
     eval_top_every: int = 0  # an evaluation cut short (break) at the top of every Nth step, after its batch
+    depth: int = 1  # "chain": the batches of B before A; "prefetch": the batches fetched ahead
 
     @property
     def refused(self) -> bool:
@@ -89,7 +93,16 @@ def draw(seed: int, world: int, refusal: bool = False) -> Program:
     asym = random.Random(seed * 31 + 7)  # drawn apart, so the fields above stay what they were for a seed
     program = replace(program, query_rank=asym.choice([None, *range(world)]),
                       eval_top_every=asym.choice([0, 0, 2, 3]) if pattern in ("for", "zip") else 0)
-    return replace(program, keep_live_rank=rng.randrange(world), save_after_loop=True) if refusal else program
+    if refusal:
+        return replace(program, keep_live_rank=rng.randrange(world), save_after_loop=True)
+    plumbing = random.Random(seed * 53 + 11)  # drawn apart too: the programs above stay what they were
+    shape = plumbing.choice([None, None, "zip_longest", "chain", "prefetch"])
+    if shape is not None and program.restart != "count":  # the loop keeps no position between steps: no break
+        program = replace(program, pattern=shape, limit=None, eval_top_every=0, depth=plumbing.randint(1, 2),
+                          # a peek at A, then training on B before A's next pass: the peek counts as trained
+                          # (docs/lifecycle.md, "Not covered yet")
+                          top_peek=program.top_peek and shape != "chain")
+    return program
 
 
 def _per_rank(n: int, bs: int, world: int, drop_last: bool) -> int:
@@ -166,12 +179,16 @@ class Run:
             ctr.epoch, ctr.in_epoch = epoch, 0
         if p.restart == "own":
             a.set_epoch(epoch)
+            if p.pattern in ("zip_longest", "chain"):
+                self.b.set_epoch(epoch)
         self._query()
         if p.top_peek:
             next(iter(a))
         self._query()
         if p.pattern == "steps":
             self._steps(epoch)
+        elif p.pattern in ("zip_longest", "chain", "prefetch"):
+            self._plumbing(epoch)
         elif p.pattern == "zip":
             for batch, other in zip(a, self.b):
                 self._query()
@@ -212,6 +229,33 @@ class Run:
                     kept = exc
         if p.keep_live_rank == self.rank:
             KEPT.append(it)
+
+    def _plumbing(self, epoch: int) -> None:
+        """Two training loaders through ``zip_longest`` or ``chain(islice(b, k), a)``, or a look-ahead prefetcher
+        over A: each saves between its steps, where the loop keeps no position of its own."""
+        p, a, b = self.p, self.a, self.b
+        if p.pattern == "zip_longest":
+            for batch, other in itertools.zip_longest(a, b):
+                self._query()
+                self._train(epoch, batch if batch is not None else other, other if batch is not None else None)
+                self._maybe_save()
+        elif p.pattern == "chain":
+            for i, batch in enumerate(itertools.chain(itertools.islice(b, p.depth), a)):
+                self._query()
+                self._train(epoch, batch)
+                if i >= p.depth:  # in A's part: islice's count is the loop's own
+                    self._maybe_save()
+        else:
+            it = iter(a)
+            queue = deque(itertools.islice(it, p.depth))
+            while queue:
+                batch = queue.popleft()
+                ahead = next(it, None)
+                if ahead is not None:
+                    queue.append(ahead)
+                self._query()
+                self._train(epoch, batch)
+                self._maybe_save()
 
     def _query(self) -> None:
         """On one rank only, every query of both loaders: a log line's reads must change nothing anywhere.

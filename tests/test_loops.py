@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import DistContext, Phase, ShardDataLoader, SkipDataLoader
+from accelerate_stateful.loaders._putback import checkpoint_states
 
 
 
@@ -59,11 +60,12 @@ def ids(batch) -> list:
 
 def through_files_of(loaders) -> list:
     """What ``accelerator.save_state()`` records: the save is an event (``checkpoint._in_step``): every pending
-    verdict is taken, then each state is read. (It also collects garbage where a pass is open; these loops make
-    no reference cycles, so a collection would change nothing, and it would cost ~50 ms per checkpoint.)"""
+    verdict is taken, then each state is read as the checkpoint records it (batches not trained yet put back).
+    (It also collects garbage where a pass is open; these loops make no reference cycles, so a collection would
+    change nothing, and it would cost ~50 ms per checkpoint.)"""
     for loader in loaders:
         loader._life.settle()
-    return [through_files(loader.state_dict()) for loader in loaders]
+    return [through_files(state) for state in checkpoint_states(loaders[0].ctx, loaders, "save")]
 
 
 class Recorder:

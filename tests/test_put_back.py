@@ -202,3 +202,38 @@ def test_ranks_that_trained_on_different_batches_have_different_digests():
         digests.append(dl._digest()[0])
         it.close()
     assert digests[0] != digests[1]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3], ids=["depth-1", "depth-2", "depth-3"])
+@pytest.mark.parametrize("save_after", range(1, EPOCHS * N // BS), ids=lambda k: f"after-{k}")
+def test_a_prefetcher_saved_while_it_trains_the_batches_it_fetched_before_the_end_resumes_exactly(
+        tmp_path, depth, save_after):
+    """The iterator ends (``StopIteration``) while the queue still holds batches: a save in the epoch's last steps
+    puts back the ones not trained yet, and the resumed run trains them in that epoch (issue 25, item 12)."""
+    check_resume_is_exact(tmp_path, prefetching(depth), save_after)
+
+
+def draining(depth):
+    """A generator prefetcher: it stops asking the loader's iterator once it ended, then drains its own queue."""
+    def prefetched(dl):
+        it = iter(dl)
+        queue = deque(b for _, b in zip(range(depth), it))
+        for ahead in it:
+            queue.append(ahead)
+            yield queue.popleft()
+        yield from queue
+
+    def loop(run, save_after=None, folder=None):
+        for _ in range(run.dl.epoch, EPOCHS):
+            for batch in prefetched(run.dl):
+                run.train(batch)
+                if len(run.trained) == save_after:
+                    run.acc.save_state(folder)
+    return loop
+
+
+@pytest.mark.parametrize("depth", [1, 2], ids=["depth-1", "depth-2"])
+@pytest.mark.parametrize("save_after", range(1, EPOCHS * N // BS), ids=lambda k: f"after-{k}")
+def test_a_generator_prefetcher_that_drains_its_queue_after_the_end_resumes_exactly(tmp_path, depth, save_after):
+    """No ``next()`` after the iterator ended: the steps are counted by the training events of the pass's steps."""
+    check_resume_is_exact(tmp_path, draining(depth), save_after)

@@ -61,6 +61,8 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_holders.py": "names a kept exception that holds a live pass at a save; part of _lifecycle.py",
     "loaders/_putback.py": "what a save records of a live pass: its batches not trained yet put back; part of "
                            "_lifecycle.py",
+    "loaders/_carried.py": "the pass a checkpoint carries and a resume goes on from (live, owed, ended inside "
+                           "the loops); part of _lifecycle.py",
     "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
     "loaders/_broadcast.py": "the dispatcher's one broadcast per step (a batch, the end, or the reader's error); "
                              "part of dispatch.py",

@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader
 from ..checkpoint import _state as S
 from ..checkpoint import _compare, _refusals
 from .._context import DistContext
-from ._lifecycle import PASS, Lifecycle, check_entry
-from ._passes import PassHandle, Phase
+from . import _carried
+from ._lifecycle import Lifecycle
+from ._passes import PASS, PassHandle, Phase, check_entry
 from ._forking import warn_if_unsafe
 from ._workers import shut_down, track
 from ..errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
@@ -168,6 +169,7 @@ class DataLoaderAdapter:
             return
         self._refuse_if_live("set_epoch()")
         self._life.leave_boundary()
+        self._life.moved()
         self._start_epoch(epoch)
 
     def _start_epoch(self, epoch: int) -> None:
@@ -194,6 +196,7 @@ class DataLoaderAdapter:
         if pending is not None and not pending.complete and num_batches == self._batches_taken():
             return
         self._life.leave_boundary()
+        self._life.moved()
         self._seek(num_batches)
         self._life.phase = Phase.RESTORED
 
@@ -204,7 +207,7 @@ class DataLoaderAdapter:
         ``accelerator.save_state()``/``load_state()``), never here; until then it is recorded as live.
         """
         state = dict(self._life.pending.saved) if self._life.replaying() else self._raw_state()
-        state[PASS] = self._life.entry()  # always present: a library that loads in place must find every key
+        state[PASS] = _carried.entry(self._life)  # always present: a library that loads in place must find every key
         return state  # type: ignore[return-value]
 
     def _raw_state(self, epoch: Optional[int] = None, position: Optional[dict] = None) -> dict:
@@ -231,7 +234,7 @@ class DataLoaderAdapter:
         self._restore(state_dict)
         self._seed, self._seed_source = seed, seed_source
         self._epoch = state_dict[S.EPOCH]
-        self._life.restore(state_dict, "")
+        _carried.restore(self._life, state_dict, "")
 
     def validate_state(self, state_dict: Mapping[str, Any], source: str = "") -> None:
         """Raise if ``state_dict`` cannot be loaded into this loader; changes nothing."""

@@ -31,31 +31,15 @@ from __future__ import annotations
 import copy
 import gc
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..training import _training
 from . import _holders, _putback
-from ._passes import PASS, Kind, PassHandle, PassOrigin, PassRecord, Phase, check_entry
+from ._carried import Continuation, untrained
+from ._passes import Kind, PassHandle, PassOrigin, PassRecord, Phase
 
 if TYPE_CHECKING:
     from ._adapter import DataLoaderAdapter
-
-@dataclass(frozen=True)
-class Continuation:
-    """A pass that was live when the restored state was saved, waiting to be continued.
-
-    ``complete``: it had handed out its epoch's last batch (``taken`` of them); the loader stands at the
-    start of the next epoch, and the pass's continuation is the empty rest of its epoch.
-    """
-
-    origin: PassOrigin
-    trained: bool
-    peeks: int
-    saved: Mapping[str, Any]  # the position restored (this rank's, this topology's): a re-run is undone to it
-    complete: bool = False
-    taken: Optional[int] = 0  # None: saved on another topology, counted in other batches
-
 
 class Lifecycle:
     """The phase, the live pass, and the verdicts of one loader's passes."""
@@ -72,6 +56,10 @@ class Lifecycle:
         self._streak = 0  # passes undone since the anchor, before the first pass that was not
         self._prologue: Optional[int] = None
         self.trains = False  # the model was trained on a pass of this loader (this run, or the one it resumes)
+        self.ended: Optional[PassRecord] = None  # the last pass, if it ended its epoch and no pass began since
+        # A pass that ended before the loop trained its last batches (a look-ahead prefetcher draining its queue):
+        # a save puts back those not trained yet, and once all are, a save is inside the loop at its epoch's end.
+        self.owed: Optional[PassRecord] = None
         self.one_a_step: Optional[bool] = None  # an earlier pass of this process trained one batch a step
         _training.install()
 
@@ -127,12 +115,20 @@ class Lifecycle:
         next, and the next pass goes on in the finished epoch, as after any save inside the loop: its rest is
         empty, so the code after the inner loop runs as in the uninterrupted run, then the next pass reads the
         next epoch. Only the program's moves decide otherwise (``set_epoch`` with the next epoch, ``seek``,
-        ``skip_first_batches``): never a query, so a question asked on one process only changes nothing.
+        ``skip_first_batches``): never a query, so a question asked on one process only changes nothing. A pass
+        that ended inside another loader's live pass is re-entered so until the program trains
+        (``_carried.scoped_entry``).
         """
         pending = self.pending
-        if pending is None or not pending.complete:
+        if pending is None or not pending.complete or (pending.scoped and not self._in_window(pending)):
             return None
         return pending.origin.epoch, self._finished_count()
+
+    def _in_window(self, pending: Continuation) -> bool:
+        """Whether the program has not gone past the point it was saved at since the resume (it has not trained,
+        and no saved live pass it continues handed out a batch or ended): it is still re-entering the loops around
+        that pass, so a pass that had ended there is re-entered as ended (``_carried.scoped_entry``)."""
+        return _training.events() == pending.window
 
     def _finished_count(self) -> int:
         """The finished epoch's batches, all taken: as saved on this topology, else this loader's length."""
@@ -142,6 +138,13 @@ class Lifecycle:
     def leave_boundary(self) -> None:
         """``set_epoch``/``seek`` moved the loader: the saved pass will not be continued."""
         self.pending, self._replays_left = None, 0
+
+    def moved(self) -> None:
+        """The program moved the loader (a new pass, ``set_epoch`` to another epoch, ``seek``, a load): the pass
+        that ended before is no longer the last word on where the loader stands."""
+        if self.owed is not None:
+            _training.ended(self.owed)
+        self.ended = self.owed = None
 
     # ----------------------------------------------------------------- opening
     def open(self, loader: "DataLoaderAdapter") -> PassHandle:
@@ -156,6 +159,7 @@ class Lifecycle:
                 handle.close()  # an event: takes the verdict
             if self.live is not None:
                 self._judge(self.live)
+        self.moved()
         record = self._new_record()
         handle = PassHandle(loader, record)
         self.live, self._handle = record, weakref.ref(handle)
@@ -164,13 +168,19 @@ class Lifecycle:
     def _new_record(self) -> PassRecord:
         loader, serial = self._loader, _training.next_serial()
         pending = self.pending
+        if pending is not None and pending.scoped and not self._in_window(pending):
+            self.leave_boundary()  # the program trained since the resume: this is its next pass, as uninterrupted
+            pending = None
         if pending is not None and self._replays_left > 0:
             return PassRecord(Kind.REPLAY, pending.origin, serial, False, pending.peeks)
         if pending is not None and not pending.complete:
             self.pending = None
-            return PassRecord(Kind.CONTINUATION, pending.origin, serial, pending.trained, pending.peeks)
+            record = PassRecord(Kind.CONTINUATION, pending.origin, serial, pending.trained, pending.peeks)
+            record.own = pending.trained  # until a step of its own, its last step is the saved pass's
+            return record
         if pending is not None:  # between two epochs: the pass goes on in the finished one, whose rest is empty
             record = PassRecord(Kind.CONTINUATION, pending.origin, serial, pending.trained, pending.peeks)
+            record.scoped, record.own = pending.scoped, pending.trained  # it goes on as the saved pass ended
             self._rest_of_finished_epoch(record)
             return record
         self.leave_boundary()
@@ -209,6 +219,8 @@ class Lifecycle:
     def handed(self, record: PassRecord) -> None:
         """The pass handed a batch to the loop."""
         record.handed += 1
+        if record.kind is Kind.CONTINUATION:
+            _training.went_on()
         _training.handed_out(record)
         self._loader._activate()
         if record.trained:
@@ -226,12 +238,20 @@ class Lifecycle:
         loader._end_epoch()
 
     def exhausted(self, record: PassRecord) -> None:
-        """The pass found no more batches: its epoch is over."""
+        """The pass found no more batches: its epoch is over. If the loop has not trained every batch it handed
+        out yet (a look-ahead prefetcher draining its queue), the pass stays current while it does, and a save
+        until then puts those batches back (``owed``)."""
         if record.closed:
             return
         self._promote(record)
+        if record.kind is Kind.CONTINUATION and not record.scoped:
+            _training.went_on()
         if not record.complete:
+            record.final = (self._loader._epoch, self._loader._batches_taken())
+            record.at_end = self._loader._position_mark()
             self._loader._end_epoch()
+        if (self.trains or record.trained) and untrained(self, record) > 0:
+            self.owed = record
         self._close(record, undone=False)
 
     def failed(self, record: PassRecord) -> None:
@@ -277,7 +297,8 @@ class Lifecycle:
         self.trains = self.trains or record.trained
         if record.steps >= 2:
             self.one_a_step = not record.several
-        _training.ended(record)
+        if record is not self.owed:
+            _training.ended(record)
         if record.begun:
             self._loader._end()
         if self.live is record:
@@ -285,6 +306,7 @@ class Lifecycle:
         if undone:
             self._streak += 1
             return
+        self.ended = record
         self.phase = Phase.EXHAUSTED
         if self._prologue is None:
             self._prologue = self._streak
@@ -303,60 +325,18 @@ class Lifecycle:
         else:
             record.kind, record.origin, record.peeks = Kind.CONTINUATION, pending.origin, pending.peeks
             record.trained = record.trained or pending.trained
+            record.own = record.own or pending.trained
         self.leave_boundary()
 
     # ----------------------------------------------------------------- state
-    def put_back(self) -> int:
+    def put_back(self, evaluation: bool = False) -> int:
         """How many batches of the live pass a checkpoint puts back (``_putback.count``)."""
-        return _putback.count(self)
-
-    def entry(self, put_back: bool = False) -> Optional[dict]:
-        """The ``"pass"`` entry of ``state_dict()``: the live (or waiting) pass a resume continues.
-
-        Args:
-            put_back: The state is :meth:`put_back`'s batches earlier: a pass complete at its last batch is not
-                complete there.
-        """
-        live, trains = self.live, self.trains or (self.live is not None and self.live.trained)
-        if live is not None and live.kind is not Kind.REPLAY:
-            complete = live.complete and not put_back
-            return _entry(live.origin, live.trained, live.peeks, complete, live.final[1], trains)
-        if self.pending is not None:
-            p = self.pending
-            return _entry(p.origin, p.trained, p.peeks, p.complete, self._finished_count() if p.complete else 0,
-                          trains)
-        return None
+        return _putback.count(self, evaluation)
 
     def replaying(self) -> bool:
         """Whether a re-run pass is live: the state is then the restored one (a re-run is undone)."""
         live = self.live
         return live is not None and live.kind is Kind.REPLAY and self.pending is not None
-
-    def restore(self, state: Mapping[str, Any], where: str) -> None:
-        """After the loader took ``state``'s position: the phase, and the pass waiting to be continued."""
-        self.anchor()
-        self.leave_boundary()
-        loader = self._loader
-        entry = state.get(PASS)
-        self.phase = Phase.RESTORED
-        if entry is None and loader._epoch_complete_at_restore():
-            # Written at an epoch's end by an earlier release, which recorded it as the last batch taken.
-            taken = loader._batches_taken()
-            loader._end_epoch()
-            entry = {"origin": PassOrigin(loader._epoch - 1, "restored", 0).to_state(), "trained": False,
-                     "peeks": 0, "complete": True, "taken": taken}
-        if entry is None:
-            return
-        check_entry({PASS: entry}, where)
-        self.trains = self.trains or entry.get("trains", False)
-        origin = PassOrigin.from_state(entry["origin"], where)
-        complete = bool(entry.get("complete", False))
-        if complete:
-            self.phase = Phase.EXHAUSTED
-        same_topology = not loader._relaid(state)  # else the finished epoch's batches are counted at this size
-        self.pending = Continuation(origin, entry["trained"], entry["peeks"], loader._raw_state(), complete,
-                                    entry.get("taken", 0) if same_topology else None)
-        self._replays_left = entry["peeks"]
 
     def digest(self) -> tuple[tuple, tuple]:
         """What every rank must agree on when a checkpoint is taken or loaded, and this rank's point in full.
@@ -377,13 +357,4 @@ class Lifecycle:
         point = (loader._epoch, loader._batches_taken(), self.phase.value,
                  None if live is None else (live.handed, live.trained), pending is not None)
         return key, point
-
-
-def _entry(origin: PassOrigin, trained: bool, peeks: int, complete: bool, taken: int, trains: bool) -> dict:
-    entry = {"origin": origin.to_state(), "trained": trained, "peeks": peeks}
-    if complete:
-        entry.update(complete=True, taken=taken)
-    if trains:  # a resumed run puts back the untrained batches of a pass it has not trained on yet, too
-        entry["trains"] = True
-    return entry
 

@@ -91,6 +91,12 @@ class PassRecord:
             recorded so that a resume recognises their re-runs).
         handed: Batches this pass handed out.
         trained_at: Batches it had handed out at its last training step (``_training``).
+        polls: ``next()`` calls answered ``StopIteration`` at and after its end, while it owes batches
+            (``Lifecycle.owed``); ``taken_at``: batches and polls at its last training step.
+        step_events: Training events in its current step; ``per_step``: in the step before (``_training``).
+        last_hand: When it last handed out a batch (on the clock of ``serial``); ``own``: its last step was its
+            own (no pass opened after its last batch handed one out before that step); ``foreign``: the next one
+            will not be.
         steps: Its training steps (training events with no batch of it taken between them).
         several: A step after its first took several batches (the loop trains on several at once).
         dropped: Set when the loop let the iterator go (the only thing a finalizer does).
@@ -98,17 +104,22 @@ class PassRecord:
         complete: The pass handed out the epoch's last batch; ``final`` is ``(epoch, batches taken)`` then, and
             ``at_end`` the variant's position before the next epoch began (``DataLoaderAdapter._position_mark``).
         begun: The variant's batches were opened (and the loader registered with Accelerate's GradientState).
+        scoped: After a resume, the empty rest of a pass that had ended inside the loops around the saved live
+            pass (``_carried.scoped_entry``).
     """
 
     __slots__ = ("kind", "origin", "serial", "trained", "peeks", "handed", "trained_at", "steps", "several",
-                 "dropped", "closed", "complete", "final", "at_end", "begun")
+                 "dropped", "closed", "complete", "final", "at_end", "begun", "polls", "taken_at", "scoped",
+                 "step_events", "per_step", "last_hand", "foreign", "own")
 
     def __init__(self, kind: Kind, origin: PassOrigin, serial: int, trained: bool, peeks: int) -> None:
         self.kind, self.origin, self.serial, self.trained, self.peeks = kind, origin, serial, trained, peeks
-        self.handed = self.trained_at = self.steps = 0
+        self.handed = self.trained_at = self.steps = self.polls = self.taken_at = 0
+        self.step_events = self.per_step = self.last_hand = 0
+        self.foreign = self.own = False
         self.several = False
         self.at_end: Any = None
-        self.dropped = self.closed = self.complete = self.begun = False
+        self.dropped = self.closed = self.complete = self.begun = self.scoped = False
         self.final: tuple[int, int] = (origin.epoch, origin.taken)
 
 
@@ -131,14 +142,17 @@ class PassHandle:
 
     def __next__(self) -> Any:
         record = self._record
-        if record.closed:
-            raise StopIteration
         life = self._loader._life
+        if record.closed:
+            if life.owed is record:  # the loop still asks while it trains what the pass handed out last
+                record.polls += 1
+            raise StopIteration
         if self._batches is None:
             self._batches = life.begin(record)
         try:
             batch = next(self._batches)
         except StopIteration:
+            record.polls += 1
             life.exhausted(record)
             raise
         except Exception:  # the pass cannot go on: judged now, its workers stopped, then re-raised
@@ -174,7 +188,7 @@ def check_entry(state: Mapping[str, Any], where: str) -> Optional[Mapping[str, A
     peeks = entry.get("peeks") if isinstance(entry, Mapping) else None
     taken = entry.get("taken", 0) if isinstance(entry, Mapping) else None
     if not (isinstance(entry, Mapping) and isinstance(entry.get("trained"), bool)
-            and isinstance(entry.get("complete", False), bool) and isinstance(entry.get("trains", False), bool)
+            and all(isinstance(entry.get(k, False), bool) for k in ("complete", "trains", "scoped"))
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (peeks, taken))):
         PassOrigin.from_state(None, where)  # raises, saying the record is damaged
     return PassOrigin.from_state(entry.get("origin"), where).mark

@@ -19,12 +19,13 @@ from typing import Any, Sequence
 
 from .._context import DistContext
 from .._log import get_logger
+from ._carried import entry, scoped_entry, untrained
 from ._passes import PASS, Kind
 
 logger = get_logger(__name__)
 
 
-def count(life: Any) -> int:
+def count(life: Any, evaluation: bool = False) -> int:
     """How many batches the live pass of ``life`` (a ``Lifecycle``) handed out that the model was not trained on
     yet, on a loader the model trains on: a checkpoint does not count them as taken (a query; program-order
     facts, alike on every rank).
@@ -32,40 +33,52 @@ def count(life: Any) -> int:
     A loop that trains one batch a step (each training step after the pass's first took one batch: a plain loop,
     a look-ahead prefetcher, accumulation's micro-steps) trained as many batches as it made steps; the rest (the
     look-ahead, the batch of a step saved at its top) are put back. A loop that trains on several batches a step
-    trained every batch taken before its last step. None for a loader the model was never trained on (an
-    evaluation saved inside its loop used every batch it took), nor for a re-run pass.
+    trained every batch taken before its last step. With ``evaluation`` (the checkpoint holds a loader the model
+    trains on), a pass of a loader the model was never trained on (an evaluation saved inside its loop, a peek) is
+    put back whole: the uninterrupted run undoes it where the loop lets it go, so the resumed run's next pass
+    begins where it began. Without, nothing tells it from a loop whose training is not seen: it goes on. None for
+    a re-run pass.
     """
     live = life.live
-    if live is None or live.kind is Kind.REPLAY or not (life.trains or live.trained):
+    if live is None:
+        return 0 if life.owed is None else untrained(life, life.owed)
+    if live.kind is Kind.REPLAY:
         return 0
-    if live.several or (live.steps < 2 and life.one_a_step is False):
-        return live.handed - live.trained_at
-    return live.handed - live.steps
+    if not (life.trains or live.trained):
+        return live.handed if evaluation else 0
+    return untrained(life, live)
+
 
 
 def is_a_guess(life: Any) -> bool:
     """Whether :func:`count` read a first step that took several batches as a look-ahead, with nothing to tell it
     from a step trained on all of them (no later step of this pass, no earlier pass)."""
-    live = life.live
-    return (count(life) > 0 and live.steps == 1 and live.trained_at > 1 and not live.several
+    record = life.live if life.live is not None else life.owed
+    return (count(life) > 0 and record.steps == 1 and record.trained_at > 1 and not record.several
             and life.one_a_step is None)
 
 
-def checkpoint_state(loader: Any) -> tuple[dict, int, int]:
+def checkpoint_state(loader: Any, inside: bool = False, trains: bool = False) -> tuple[dict, int, int]:
     """``(state a checkpoint records, batches put back, batches it counts as trained although they were not)``.
 
-    A pure read, like ``state_dict()``: the loader's position does not move.
+    A pure read, like ``state_dict()``: the loader's position does not move. ``inside``: a loader the checkpoint
+    holds has a live pass the model trains on (``_carried.scoped_entry``); ``trains``: the checkpoint holds a
+    loader the model trains on (:func:`count`'s ``evaluation``).
     """
     life = loader._life
-    count = life.put_back()
+    count = life.put_back(evaluation=trains)
     if count == 0:
-        return loader.state_dict(), 0, 0
-    live = life.live
-    mark = live.at_end if live.complete else loader._position_mark()
+        state = loader.state_dict()
+        scoped = scoped_entry(life) if inside else None
+        if scoped is not None:
+            state[PASS] = scoped
+        return state, 0, 0
+    record = life.live if life.live is not None else life.owed
+    mark = record.at_end if record.complete or record.closed else loader._position_mark()
     state = None if mark is None else loader._state_before(mark, count)
     if state is None:
         return loader.state_dict(), 0, count
-    state[PASS] = life.entry(put_back=True)
+    state[PASS] = entry(life, put_back=True)
     return state, count, 0
 
 
@@ -73,10 +86,22 @@ def checkpoint_states(ctx: DistContext, loaders: Sequence[Any], call: str) -> li
     """Every loader's :func:`checkpoint_state`, with one warning for each loader whose put-back is not certain:
     it could not go back, or it read a first step that took several batches as a look-ahead."""
     states = []
+    inside = any(loader._life.live is not None and (loader._life.trains or loader._life.live.trained)
+                 for loader in loaders)
+    trains = any(loader._life.trains or (loader._life.live is not None and loader._life.live.trained)
+                 for loader in loaders)  # the checkpoint holds a loader the model trains on
     for index, loader in enumerate(loaders):
-        state, put_back, kept = checkpoint_state(loader)
+        state, put_back, kept = checkpoint_state(loader, inside, trains)
         name = f"loader {index} (the {loader.mode} loader over {type(loader.dataset).__name__})"
-        if kept and ctx.is_main:  # the same on every rank (program order): said once
+        life = loader._life
+        if kept and ctx.is_main and not (life.trains or life.live is None or life.live.trained):
+            logger.warning(
+                "at %s, %s was inside a pass the model is not trained on (an evaluation saved inside its loop) "
+                "after %d batch(es); this loader cannot go back to where that pass began, so the resumed run's next "
+                "pass over it continues from there. Save outside the evaluation loop",
+                call, name, kept,
+            )
+        elif kept and ctx.is_main:  # the same on every rank (program order): said once
             logger.warning(
                 "at %s, %s had handed out %d batch(es) the model was not trained on yet (taken after the last "
                 "training step, or fetched ahead); this loader cannot put them back, so the checkpoint counts them "
@@ -90,7 +115,7 @@ def checkpoint_states(ctx: DistContext, loaders: Sequence[Any], call: str) -> li
                 "%d of them as fetched ahead and not trained (a look-ahead prefetcher), so a resumed run hands them "
                 "out again. If that step trained on all of them (several batches a step), save after the next step "
                 "instead: from its second step on, a pass tells the two apart",
-                call, name, loader._life.live.trained_at, put_back,
+                call, name, (life.live or life.owed).trained_at, put_back,
             )
         states.append(state)
     return states

@@ -21,7 +21,9 @@ The training events with no batch of a pass taken between them are one *training
 pass counts its steps, the batches it had handed out at its last one (``trained_at``), and whether a step after
 its first took several batches (``several``): from these the lifecycle tells the batches handed out but not
 trained yet (a look-ahead prefetcher's, the batch of a step saved at its top), which a checkpoint puts back
-(``Lifecycle.put_back``).
+(``Lifecycle.put_back``). A pass that reached its end with batches not trained yet stays current while the loop
+trains them: each ``next()`` the loop still asks of it (``polls``, answered ``StopIteration``) takes part in a
+step as a batch would.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ class Marked(Protocol):
     serial: int
     trained: bool
     handed: int
+    polls: int
+    taken_at: int
+    step_events: int
+    per_step: int
+    closed: bool
+    last_hand: int
+    foreign: bool
+    own: bool
     trained_at: int
     steps: int
     several: bool
@@ -46,19 +56,29 @@ class Marked(Protocol):
 _current: list = []  # the current passes, in the order they became current
 _serial = 0
 _untracked = 0  # training events while no pass was current: batches from a loader this package does not see
+_events = 0  # training events so far in this process
 _hooked = False
 _WATCHED = "_accelerate_stateful_watched"
 
 
 def next_serial() -> int:
-    """A number for a new pass: passes opened later have larger numbers (any loader, this process)."""
+    """A number for a new pass: passes opened later have larger numbers (any loader, this process). Opening and
+    handing out share the count, so a pass's ``serial`` also tells which batches were handed out before it."""
     global _serial
     _serial += 1
     return _serial
 
 
 def handed_out(record: Marked) -> None:
-    """``record``'s pass handed out a batch: it is current; passes opened after it no longer are."""
+    """``record``'s pass handed out a batch: it is current; passes opened after it no longer are. A current pass
+    whose last batch came before ``record``'s pass was opened shares its next step with a later loop (an
+    evaluation at the end of an epoch, then the next epoch's training): that step is not its own."""
+    global _serial
+    _serial += 1
+    record.last_hand, record.foreign = _serial, False
+    for other in _current:
+        if other.last_hand < record.serial:
+            other.foreign = True
     if _current and not (len(_current) == 1 and _current[0] is record):
         _current[:] = [p for p in _current if p.serial < record.serial]
         _current.append(record)
@@ -75,16 +95,39 @@ def ended(record: Marked) -> None:
 def note_trained(*_: Any) -> None:
     """A training event: every current pass was trained, on every batch it handed out so far (with none current,
     the batches came from elsewhere)."""
-    global _untracked
+    global _untracked, _events
+    _events += 1
     if not _current:
         _untracked += 1
     for record in _current:
         record.trained = True
-        if record.handed > record.trained_at:  # a batch taken since the pass's last training event: a new step
-            if record.steps and record.handed - record.trained_at > 1:
+        taken = record.handed + record.polls  # a ``next()`` past the pass's end takes part in a step too
+        if taken > record.taken_at:  # a batch taken since the pass's last training event: a new step
+            if record.steps and taken - record.taken_at > 1:
                 record.several = True  # a step after the first took several batches (not a look-ahead)
             record.steps += 1
-            record.trained_at = record.handed
+            record.taken_at, record.trained_at = taken, record.handed
+            record.per_step, record.step_events = record.step_events, 1
+            record.own = not record.foreign
+        else:
+            record.step_events += 1
+            if record.closed and record.per_step and record.step_events > record.per_step:
+                # After its end, a loop that no longer asks it (a generator draining its own queue): a step is
+                # as many training events as the pass's last step before had.
+                record.steps += 1
+                record.step_events = 1
+
+
+def events() -> int:
+    """A program-order clock: training events, and batches or ends of the passes a resume continues
+    (:func:`went_on`). ``Lifecycle`` reads from it whether the program went past its saved point since a resume."""
+    return _events
+
+
+def went_on() -> None:
+    """A pass a resume continues handed out a batch or ended: the resumed program went past its saved point."""
+    global _events
+    _events += 1
 
 
 def untracked_events() -> int:
