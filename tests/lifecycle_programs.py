@@ -2,7 +2,8 @@
 
 A program is drawn from a seed: its loaders (sizes, batch sizes, ``drop_last``), the shape of its inner
 loop (``for``, a step-based ``it = iter(dl)``, ``zip``, a nested evaluation cut short, and the plumbing users
-write around two training loaders: ``zip_longest``, ``chain(islice(b, k), a)``, a look-ahead prefetcher), where it truncates
+write around two training loaders: ``zip_longest``, ``chain(islice(b, k), a)``, a round-robin of two tasks, a
+look-ahead prefetcher), where it truncates
 its epochs, whether it peeks at the top of each epoch or once after resuming, where it saves, when it
 collects garbage, and on which rank it keeps a caught exception (a frame cycle that keeps an iterator
 alive after its function returned) or turns the garbage collector off. Every program is written the way
@@ -42,7 +43,7 @@ class Program:
     drop_last: bool
     n_b: int
     bs_b: int
-    pattern: str  # "for", "steps", "zip", "nested", "zip_longest", "chain" or "prefetch"
+    pattern: str  # "for", "steps", "zip", "nested", "zip_longest", "chain", "roundrobin" or "prefetch"
     limit: Optional[int]  # steps per epoch: a break at the top ("for", "zip", "nested"), the count ("steps")
     restart: str  # "epoch" (range(dl.epoch, E)), "count" (step // len(dl)), "own" (own epoch + set_epoch)
     top_peek: bool
@@ -96,12 +97,11 @@ def draw(seed: int, world: int, refusal: bool = False) -> Program:
     if refusal:
         return replace(program, keep_live_rank=rng.randrange(world), save_after_loop=True)
     plumbing = random.Random(seed * 53 + 11)  # drawn apart too: the programs above stay what they were
-    shape = plumbing.choice([None, None, "zip_longest", "chain", "prefetch"])
+    shape = plumbing.choice([None, None, "zip_longest", "chain", "prefetch", "roundrobin"])
     if shape is not None and program.restart != "count":  # the loop keeps no position between steps: no break
-        program = replace(program, pattern=shape, limit=None, eval_top_every=0, depth=plumbing.randint(1, 2),
-                          # a peek at A, then training on B before A's next pass: the peek counts as trained
-                          # (docs/lifecycle.md, "Not covered yet")
-                          top_peek=program.top_peek and shape != "chain")
+        program = replace(program, pattern=shape, limit=None, eval_top_every=0, depth=plumbing.randint(1, 2))
+        if shape == "prefetch" and program.save_after_loop:  # a save after its loop reads as one at its last step:
+            program = replace(program, restart="own")  # the loop says which with its own epoch (lifecycle.md)
     return program
 
 
@@ -179,7 +179,7 @@ class Run:
             ctr.epoch, ctr.in_epoch = epoch, 0
         if p.restart == "own":
             a.set_epoch(epoch)
-            if p.pattern in ("zip_longest", "chain"):
+            if p.pattern in ("zip_longest", "chain", "roundrobin"):
                 self.b.set_epoch(epoch)
         self._query()
         if p.top_peek:
@@ -187,7 +187,7 @@ class Run:
         self._query()
         if p.pattern == "steps":
             self._steps(epoch)
-        elif p.pattern in ("zip_longest", "chain", "prefetch"):
+        elif p.pattern in ("zip_longest", "chain", "prefetch", "roundrobin"):
             self._plumbing(epoch)
         elif p.pattern == "zip":
             for batch, other in zip(a, self.b):
@@ -239,6 +239,20 @@ class Run:
                 self._query()
                 self._train(epoch, batch if batch is not None else other, other if batch is not None else None)
                 self._maybe_save()
+        elif p.pattern == "roundrobin":  # a task that ran out waits for the other; saves after whole rounds
+            tasks, done = [iter(a), iter(b)], [False, False]
+            while not all(done):
+                trained = False
+                for k, it in enumerate(tasks):
+                    batch = None if done[k] else next(it, None)
+                    if batch is None:
+                        done[k] = True
+                        continue
+                    self._query()
+                    self._train(epoch, batch)
+                    trained = True
+                if trained:
+                    self._maybe_save()
         elif p.pattern == "chain":
             for i, batch in enumerate(itertools.chain(itertools.islice(b, p.depth), a)):
                 self._query()

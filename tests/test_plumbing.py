@@ -132,3 +132,67 @@ def test_an_evaluation_cut_short_and_saved_between_two_of_its_batches_begins_whe
             assert resumed.log == expected, f"rank {rank}: resumed at log {at}"
             compared += 1
     assert compared > 0
+
+
+# --------------------------------------------------------------------------- found by the generated programs
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_warm_up_peek_after_a_resume_at_an_epochs_end_leaves_the_epoch_the_loop_reads(world):
+    """``next(iter(dl), None)`` right after resuming, then ``range(dl.epoch, E)``: the peek is a re-run, undone at
+    the loader's next event, so ``dl.epoch`` still answers the finished epoch (the loop re-enters it)."""
+    def script(loaders, log, checkpoint):
+        (dl,) = loaders
+        next(iter(dl), None)
+        for epoch in range(dl.epoch, EPOCHS):
+            for batch in dl:
+                train()
+                log.append((epoch, ids(batch)))
+                checkpoint()
+            log.append(("after", epoch))
+
+    assert check_every_resume(script, lambda r: [make(CASES[0][1], world, r)], world) > 0
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_peek_let_go_before_another_loaders_training_stays_a_peek(world):
+    """A warm-up ``next(iter(a))``, then ``chain(islice(b, 1), a)`` trains ``b`` first: ``a``'s epoch is not ended
+    by ``b``'s training (it was skipped whole, silently)."""
+    def script(loaders, log, checkpoint):
+        a, b = loaders
+        for epoch in range(a.epoch, EPOCHS):
+            next(iter(a))
+            for i, x in enumerate(itertools.chain(itertools.islice(b, 1), a)):
+                train()
+                log.append((epoch, ids(x)))
+                if i >= 1:
+                    checkpoint()
+            log.append(("after", epoch))
+
+    cfg = CASES[0][1]
+    build = lambda r: [make(cfg, world, r), make(cfg, world, r, n=2 * cfg["n"], seed=5)]  # noqa: E731
+    reference = Recorder(script, fresh_start(build(0)))
+    fresh = make(cfg, world, 0)
+    assert [x[1] for x in reference.log if x[0] == 0][1:] == [ids(b) for b in fresh]  # epoch 0 is read
+    assert check_every_resume(script, build, world) > 0
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_an_evaluation_at_the_top_of_a_step_after_moving_to_the_next_epoch_is_whole(world):
+    """A loop that counts its epochs by steps moves on with ``set_epoch`` after a resume at an epoch's end; its
+    first step evaluates at the top: that evaluation reads its batches (the resume is past its saved point)."""
+    def script(loaders, log, checkpoint):
+        train_dl, eval_dl = loaders
+        step = sum(1 for entry in log if entry[0] == "train")
+        train_dl.set_epoch(step // len(train_dl))
+        for epoch in range(step // len(train_dl), EPOCHS):
+            for batch in train_dl:
+                for i, v in enumerate(eval_dl):
+                    log.append(("eval", ids(v)))
+                    if i == 1:
+                        break
+                train()
+                log.append(("train", epoch, ids(batch)))
+                checkpoint()
+
+    cfg = CASES[0][1]
+    build = lambda r: [make(cfg, world, r), make(cfg, world, r, n=cfg["n"] + 17, seed=9)]  # noqa: E731
+    assert check_every_resume(script, build, world) > 0

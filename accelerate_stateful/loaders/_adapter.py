@@ -112,7 +112,7 @@ class DataLoaderAdapter:
         if live is not None and live.complete:
             return live.final[0], live.final[1], False
         boundary = self._life.boundary()
-        if boundary is not None and live is None:
+        if boundary is not None and (live is None or self._life.replaying()):  # a re-run peek will be undone
             return boundary[0], boundary[1], True
         return self._epoch, self._batches_taken(), False
 

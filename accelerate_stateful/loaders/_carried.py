@@ -34,7 +34,7 @@ class Continuation:
     complete: bool = False
     taken: Optional[int] = 0  # None: saved on another topology, counted in other batches
     scoped: bool = False  # a pass that ended inside another loader's live pass (:func:`scoped_entry`)
-    window: int = 0  # the training events seen when it was restored: a scoped rest is re-entered before the next
+    window: int = 0  # ``_training.events()`` when it was restored: a scoped rest is re-entered until it moves
 
 
 def entry(life: "Lifecycle", put_back: bool = False) -> Optional[dict]:
@@ -48,7 +48,7 @@ def entry(life: "Lifecycle", put_back: bool = False) -> Optional[dict]:
     if live is not None and live.kind is not Kind.REPLAY:
         complete = live.complete and not put_back
         return _entry(live.origin, live.trained, live.peeks, complete, live.final[1], trains)
-    owed = life.owed if live is None else None
+    owed = life.owed if live is None and (trains or (life.owed is not None and life.owed.trained)) else None
     if owed is not None and put_back:  # the loop goes on training the ended pass's last batches
         return _entry(owed.origin, owed.trained, owed.peeks, False, 0, trains)
     if owed is not None and untrained(life, owed) == 0:  # it trained them: inside the loop, at its end
@@ -68,7 +68,7 @@ def scoped_entry(life: "Lifecycle") -> Optional[dict]:
     it end (the shorter loader of a
     ``zip_longest``, a task of a round-robin waiting for the others, ``chain(islice(b, 2), a)``'s ``b``).
     The resumed program runs those loops again from their top: until it goes past where it was (it trains,
-    or the live pass it continues hands out a batch or ends), this loader's next pass is its ended epoch's
+    or a pass hands out a batch or ends, re-run peeks aside), this loader's next pass is its ended epoch's
     rest, which is empty, and ``set_epoch`` with that epoch changes nothing; as in the uninterrupted run,
     its pass after that reads the next epoch. A loader whose pass ended in an earlier round of those loops
     is only made again after the program went past that point, so it reads its next epoch.

@@ -126,8 +126,9 @@ class Lifecycle:
 
     def _in_window(self, pending: Continuation) -> bool:
         """Whether the program has not gone past the point it was saved at since the resume (it has not trained,
-        and no saved live pass it continues handed out a batch or ended): it is still re-entering the loops around
-        that pass, so a pass that had ended there is re-entered as ended (``_carried.scoped_entry``)."""
+        and no pass handed out a batch or ended, re-run peeks and ended passes' empty rests aside): it is still
+        re-entering the loops around the saved live pass, so a pass that had ended there is re-entered as ended
+        (``_carried.scoped_entry``)."""
         return _training.events() == pending.window
 
     def _finished_count(self) -> int:
@@ -219,7 +220,7 @@ class Lifecycle:
     def handed(self, record: PassRecord) -> None:
         """The pass handed a batch to the loop."""
         record.handed += 1
-        if record.kind is Kind.CONTINUATION:
+        if record.kind is not Kind.REPLAY:  # a re-run peek is part of re-entering the saved point; a batch is not
             _training.went_on()
         _training.handed_out(record)
         self._loader._activate()
@@ -244,13 +245,13 @@ class Lifecycle:
         if record.closed:
             return
         self._promote(record)
-        if record.kind is Kind.CONTINUATION and not record.scoped:
+        if record.kind is not Kind.REPLAY and not record.scoped:
             _training.went_on()
         if not record.complete:
             record.final = (self._loader._epoch, self._loader._batches_taken())
             record.at_end = self._loader._position_mark()
             self._loader._end_epoch()
-        if (self.trains or record.trained) and untrained(self, record) > 0:
+        if untrained(self, record) > 0:  # trained after its end (a prefetcher of a short epoch), or never
             self.owed = record
         self._close(record, undone=False)
 

@@ -41,7 +41,8 @@ def count(life: Any, evaluation: bool = False) -> int:
     """
     live = life.live
     if live is None:
-        return 0 if life.owed is None else untrained(life, life.owed)
+        owed = life.owed
+        return 0 if owed is None or not (life.trains or owed.trained) else untrained(life, owed)
     if live.kind is Kind.REPLAY:
         return 0
     if not (life.trains or live.trained):

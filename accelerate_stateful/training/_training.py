@@ -48,6 +48,7 @@ class Marked(Protocol):
     last_hand: int
     foreign: bool
     own: bool
+    dropped: bool
     trained_at: int
     steps: int
     several: bool
@@ -79,6 +80,10 @@ def handed_out(record: Marked) -> None:
     for other in _current:
         if other.last_hand < record.serial:
             other.foreign = True
+    # A pass the loop let go before this later pass began (a warm-up ``next(iter(a))``, then ``chain(islice(b, k),
+    # a)`` trains ``b``) is not trained by it. Let go is a flag its iterator's finalizer sets; an iterator a
+    # reference cycle keeps on one rank only stays current there, and the save's comparison refuses on every rank.
+    _current[:] = [p for p in _current if not (p.dropped and p.last_hand < record.serial)]
     if _current and not (len(_current) == 1 and _current[0] is record):
         _current[:] = [p for p in _current if p.serial < record.serial]
         _current.append(record)
@@ -119,13 +124,14 @@ def note_trained(*_: Any) -> None:
 
 
 def events() -> int:
-    """A program-order clock: training events, and batches or ends of the passes a resume continues
-    (:func:`went_on`). ``Lifecycle`` reads from it whether the program went past its saved point since a resume."""
+    """A program-order clock: training events, batches handed out and passes ended (:func:`went_on`).
+    ``Lifecycle`` reads from it whether the program went past its saved point since a resume."""
     return _events
 
 
 def went_on() -> None:
-    """A pass a resume continues handed out a batch or ended: the resumed program went past its saved point."""
+    """A pass handed out a batch or ended (not a re-run peek, not an ended pass's empty rest): a resumed program
+    went past its saved point."""
     global _events
     _events += 1
 
