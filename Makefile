@@ -14,6 +14,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(PYTHON_VERSION)
+# setup.py STREAMING, installed without their own requirements (which would replace torch, numpy, transformers).
+STREAMING_SPEC := mosaicml-streaming==0.13.0 litdata==0.2.76 webdataset==1.0.2
 
 .PHONY: install test test-full test-fast demo demo-trainer bench docs docs-check torture soak programs dist clean
 
@@ -22,6 +24,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test,deepspeed]"
+	$(PY) -m pip install --quiet --no-deps $(STREAMING_SPEC)
 	touch $(STAMP)
 
 install: $(STAMP)

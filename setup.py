@@ -15,6 +15,13 @@ TRANSFORMERS = ["transformers>=5.3,<6", "trl>=1.0,<2"]
 # The DeepSpeed release tests/test_deepspeed.py ran against (`make test` installs it): an sdist, built without a
 # compiler (no ops are prebuilt; the test runs none of DeepSpeed's compiled ops).
 DEEPSPEED = "deepspeed==0.19.8"
+# Object-store streaming datasets read by index (accelerate_stateful.Indexed, docs/sources/streaming.md), the
+# releases tests/test_object_store_sources.py ran against. Their own requirements would replace torch, numpy and
+# transformers here (mosaicml-streaming 0.13 pins numpy<2.2 and transformers<5), so `make test` installs them
+# --no-deps with the few modules their imports need.
+STREAMING = ["mosaicml-streaming==0.13.0", "litdata==0.2.76", "webdataset==1.0.2"]
+STREAMING_IMPORTS = ["torchvision==0.28.0", "brotli==1.2.1", "python-snappy==0.7.3", "zstd==1.5.7.2",
+                     "catalogue==2.0.10", "lightning-utilities==0.15.3", "boto3==1.44.8", "braceexpand==0.1.7"]
 # The Accelerate release `make test` and the conformance run (tools/accelerate_conformance.py) pin.
 PINNED = ["accelerate==1.15.0", "torchdata==0.11.0", "safetensors==0.8.0"]
 
@@ -42,11 +49,13 @@ setup(
         "transformers": TRANSFORMERS,
         # `make test` runs DeepSpeed ZeRO-0..3 for real on 2 CPU processes (tests/test_deepspeed.py) with this release.
         "deepspeed": [DEEPSPEED],
+        # mosaicml-streaming, litdata and webdataset at the tested releases (install with --no-deps: see STREAMING).
+        "streaming": [*STREAMING, *STREAMING_IMPORTS],
         # `nox -s conformance`: Accelerate's own tests (fetched from its sdist at run time) with our Accelerator.
         "conformance": ["pytest>=8", "pytest-timeout>=2.3", "parameterized", "psutil", "datasets>=4.7", *PINNED],
         # `make test` pins the integrations to the versions the suite was written against; pytest-codeblocks
         # reads the docs' code blocks for tests/test_docs_blocks.py.
         "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pytest-codeblocks>=0.18", "datasets>=4.7",
-                 *DOCS, *PINNED, "transformers==5.23.0", "trl==1.16.0"],
+                 *DOCS, *PINNED, "transformers==5.23.0", "trl==1.16.0", *STREAMING_IMPORTS],
     },
 )

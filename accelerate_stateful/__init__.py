@@ -23,6 +23,7 @@ _SOURCES = {
     "FORMAT_VERSION": ".checkpoint._state",
     "Filtered": ".sources.filtered",
     "HFShards": ".sources.sharded",
+    "Indexed": ".sources.indexed",
     "IterableShardDataLoader": ".loaders.iterable",
     "LifecycleError": ".errors",
     "LoaderCheckpoint": ".checkpoint.dcp",
@@ -63,6 +64,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Filtered",
     "HFShards",
+    "Indexed",
     "IterableShardDataLoader",
     "LifecycleError",
     "LoaderCheckpoint",
@@ -131,6 +133,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .loaders.skip import SkipDataLoader
     from .position._plan import ShardPlan
     from .sources.filtered import Filtered
+    from .sources.indexed import Indexed
     from .sources.mixture import Mixture
     from .sources.packed import Packed
     from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader

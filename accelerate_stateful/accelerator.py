@@ -33,6 +33,7 @@ from .loaders.batchsampler import BatchSamplerDataLoader, uses_batch_sampler
 from .errors import CheckpointError, LifecycleError, UnsupportedConfigError
 from .loaders.dispatch import DispatchDataLoader
 from .loaders.iterable import IterableShardDataLoader
+from .sources.indexed import read_by_index
 from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
 from .loaders.shard import ShardDataLoader
 from .loaders.skip import SkipDataLoader
@@ -107,6 +108,7 @@ class Accelerator(accelerate.Accelerator):
             return data_loader
         if device_placement is None:
             device_placement = self.device_placement
+        data_loader = read_by_index(data_loader)  # a streaming dataset's IterableDataset-ness must not decide
         dispatch = self.dispatch_batches
         if dispatch is None:
             dispatch = device_placement and isinstance(data_loader.dataset, IterableDataset)

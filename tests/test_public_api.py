@@ -12,6 +12,7 @@ INTENDED = [
     "FORMAT_VERSION",
     "Filtered",
     "HFShards",
+    "Indexed",
     "IterableShardDataLoader",
     "LifecycleError",
     "LoaderCheckpoint",

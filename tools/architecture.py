@@ -123,6 +123,8 @@ NOT_DRAWN: dict[str, str] = {
     "sources/_hf_streams.py": "a datasets stream with shuffle buffers, read at prepare with each buffer replayed; " + _PLUMBING,
     "sources/filtered.py": "Filtered, a composable source (a global sequence) read by the stream loader's box "
                            "(docs/sources/filter.md)",
+    "sources/indexed.py": "Indexed, an object-store StreamingDataset read by index as a map-style dataset by the "
+                          "shard loader's box (docs/sources/streaming.md)",
     "sources/_hf_filters.py": "a datasets filter() that reads whole Arrow tables, given rows one at a time; "
                               + _PLUMBING,
     "sources/_global.py": "GlobalStream, the base of the composable sources (Mixture); read by the stream "

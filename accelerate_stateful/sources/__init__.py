@@ -1,5 +1,6 @@
 """Where data comes from when it is not a plain dataset: logical shards, round-robin sources, and the
-composable sources of language-model pipelines (mixtures, packing, shuffle buffers).
+composable sources of language-model pipelines (mixtures, packing, shuffle buffers), and object-store
+streaming datasets read by index (``Indexed``).
 
 The public names are imported on first use (PEP 562), as in the package's front door: the command line
 imports modules of this package (``sources._merge``) and must not import torch or numpy with them.
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 # Each public name (``__all__``), and the module that defines it.
 _SOURCES = {
     "Filtered": ".filtered",
+    "Indexed": ".indexed",
     "Mixture": ".mixture",
     "Packed": ".packed",
     "Ramp": ".schedule",
@@ -35,6 +37,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from .filtered import Filtered
+    from .indexed import Indexed
     from .mixture import Mixture
     from .packed import Packed
     from .schedule import Ramp, Stages

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import CheckpointError, UnsupportedConfigError
+from .indexed import Indexed, as_indexed, stream_library
 
 
 class Cursor(Protocol):
@@ -172,6 +173,9 @@ def check_source(source: Any, named: str = "") -> str:
     """
     if isinstance(source, GlobalStream):
         return "global"
+    if stream_library(source) is not None:  # an IterableDataset read by index (its own order would not resume)
+        Indexed(source)  # refuses its own shuffle here, when the composition is built
+        return "index"
     if not isinstance(source, IterableDataset) and hasattr(source, "__len__") and hasattr(source, "__getitem__"):
         return "index"
     what = f"{named} ({type(source).__name__})" if named else f"a {type(source).__name__}"
@@ -189,15 +193,15 @@ def open_source(source: Any, position: Optional[Any], epoch: int = 0) -> Cursor:
     """A cursor over ``source`` from ``position`` (``None``: its start) in ``epoch``.
 
     ``source`` is a :class:`GlobalStream`, a map-style dataset (``__len__`` and
-    ``__getitem__``: a list, a ``datasets.Dataset``, a torch map-style dataset;
-    read in index order) or a stateful iterable (``state_dict()`` and
+    ``__getitem__``: a list, a ``datasets.Dataset``, a torch map-style dataset, a
+    mosaicml-streaming or litdata ``StreamingDataset``; read in index order) or a stateful iterable (``state_dict()`` and
     ``load_state_dict()``: a ``datasets.IterableDataset``, a torchdata node).
     """
     kind = check_source(source)
     if kind == "global":
         return source.open(position, epoch)
     if kind == "index":
-        return _IndexCursor(source, position)
+        return _IndexCursor(as_indexed(source), position)
     return _StatefulCursor(source, position, epoch)
 
 
@@ -377,7 +381,9 @@ def check_child(source: Any, position: Any) -> None:
         return
     if isinstance(source, GlobalStream):
         source.check_position(position)
-    elif check_source(source) == "index" and (isinstance(position, bool) or not isinstance(position, int)
+        return
+    source = as_indexed(source)
+    if check_source(source) == "index" and (isinstance(position, bool) or not isinstance(position, int)
                                              or not 0 <= position <= len(source)):
         raise CheckpointError(
             f"the saved position of a {type(source).__name__} of {len(source)} items read in index order is "
