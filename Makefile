@@ -13,19 +13,38 @@ VENV ?= .venv
 # Pinned: an unpinned torch pulls several GB of CUDA wheels. Override with `make TORCH_SPEC=torch==X.Y.Z`.
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
+# Each target installs what it needs, once (a stamp per set, inside the venv, so a rebuilt venv drops them):
+# the package alone for `make demo` (DeepSpeed, installed, prints a line at every process start), the
+# Trainer integration for `make demo-trainer`, the docs tooling for `make docs`, and everything the suite
+# needs (test extras: transformers, trl, datasets, the docs tooling; and DeepSpeed) for `make test` and the rest.
+BASE := $(VENV)/.base-$(PYTHON_VERSION)
 STAMP := $(VENV)/.installed-$(PYTHON_VERSION)
+TRAINER := $(VENV)/.trainer-$(PYTHON_VERSION)
+DOCS := $(VENV)/.docs-$(PYTHON_VERSION)
 # setup.py STREAMING, installed without their own requirements (which would replace torch, numpy, transformers).
 STREAMING_SPEC := mosaicml-streaming==0.13.0 litdata==0.2.76 webdataset==1.0.2
 
 .PHONY: install test test-full test-fast demo demo-trainer bench docs docs-check torture soak programs dist clean
 
-$(STAMP): setup.py
+$(BASE): setup.py
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
 	$(PY) -m pip install --quiet -e ".[test,deepspeed]"
 	$(PY) -m pip install --quiet --no-deps $(STREAMING_SPEC)
 	touch $(STAMP)
+
+$(TRAINER): $(BASE)
+	$(PY) -m pip install --quiet -e ".[transformers]"
+	touch $(TRAINER)
+
+$(DOCS): $(BASE)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $(DOCS)
 
 install: $(STAMP)
 
@@ -49,11 +68,11 @@ dist: install
 test-fast: install
 	$(PY) -m pytest -q tests -m "not multiprocess"
 
-demo: install
+demo: $(BASE)
 	$(PY) examples/demo.py --self-check
 
 # A 2-process 🤗 Trainer run SIGKILLed, then SIGTERMed, each time restarted with the same command; compared with an uninterrupted run.
-demo-trainer: install
+demo-trainer: $(TRAINER)
 	$(PY) examples/trainer.py --demo
 
 # Hundreds of generated training programs (tests/lifecycle_programs.py) on 2 and 3 real processes, the ranks
@@ -88,7 +107,7 @@ bench: install
 	$(PY) benchmarks/plot.py bench_out docs/figures
 
 # The site, into site/; strict: a broken link or reference, or a page missing from mkdocs.yml's nav, fails.
-docs: install
+docs: $(DOCS)
 	$(PY) tools/architecture.py docs/figures/architecture.png
 	$(PY) tools/lifecycle_figure.py docs/figures/lifecycle.png
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

@@ -1,6 +1,7 @@
 """Dependency sessions that CI runs after ``make test`` (``.ci/run``); ``docs/compatibility.md`` says what they show.
 
-- ``floor``: the oldest release ``setup.py`` admits of each dependency, on the fast subset below.
+- ``floor``: the oldest release ``setup.py`` admits of each dependency, on the fast subset below (8 of the
+  suite's test files; the rest runs on the pinned set only).
 - ``newest``: the newest release of each on PyPI when this file was last updated, on the same subset.
 - ``conformance``: Accelerate's own tests with this package's ``Accelerator``, against the pinned release
   (``tools/accelerate_conformance.py``).

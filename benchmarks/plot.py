@@ -133,7 +133,7 @@ def _finish(fig, documents: dict, path: Path, note: str = "") -> None:
     plt.close(fig)
 
 
-def _resume_panel(ax, title: str, results: list[dict], legend: bool = True) -> None:
+def _resume_panel(ax, title: str, results: list[dict], legend: bool = True, linear: bool = False) -> None:
     ours = next((r for r in results if is_ours(r["name"])), None)
     for result in sorted(results, key=lambda r: is_ours(r["name"])):  # ours drawn last, on top
         positions = sorted(result["seconds"], key=float)
@@ -147,7 +147,10 @@ def _resume_panel(ax, title: str, results: list[dict], legend: bool = True) -> N
             ratio = y[-1] / ours["seconds"][positions[-1]]
             ax.annotate(f"{ratio:.1f}x", (x[-1], y[-1]), textcoords="offset points", xytext=(6, 0),
                         va="center", fontsize=8, color=colour(result["name"]))
-    ax.set_yscale("log")
+    if linear:  # the README's: a reader sees at a glance which line grows with the position
+        ax.set_ylim(bottom=0)
+    else:
+        ax.set_yscale("log")
     ax.set_xlim(0, 105)
     ax.set_xlabel("position in the epoch where the run resumes (%)")
     ax.set_ylabel("seconds to the first batch (median)")
@@ -177,8 +180,14 @@ def plot_resume(documents: dict, path: Path) -> Optional[Path]:
 HEADLINE_WIDTH_IN = 8.0
 
 
+# What the README's figure compares: ours against what a user has without it, stock Accelerate's
+# skip_first_batches and torchdata's StatefulDataLoader (docs/benchmarks.md has every method).
+HEADLINE_METHODS = ("ours", "accelerate: skip_first_batches", "StatefulDataLoader")
+
+
 def headline_panels(documents: dict) -> list[tuple[str, list[dict]]]:
-    panels = resume_panels(documents)
+    panels = [(title, [r for r in results if r["name"].startswith(HEADLINE_METHODS)])
+              for title, results in resume_panels(documents)]
     maps = [p for p in panels if p[0].startswith("map-style")]
     streams = [p for p in panels if p[0].startswith("iterable")]
     with_workers = [p for p in streams if not p[0].endswith("num_workers=0")]
@@ -196,7 +205,7 @@ def plot_resume_headline(documents: dict, path: Path) -> Optional[Path]:
     labels: dict = {}
     for column, (title, results) in enumerate(panels):
         ax = fig.add_subplot(grid[0, column])
-        _resume_panel(ax, title.replace(", num_workers=", ",\nnum_workers="), results, legend=False)
+        _resume_panel(ax, title.replace(", num_workers=", ",\nnum_workers="), results, legend=False, linear=True)
         ax.set_xlabel("resume position in the epoch (%)", fontsize=9)
         ax.set_ylabel("seconds to the first batch", fontsize=9)
         for handle, label in zip(*ax.get_legend_handles_labels()):

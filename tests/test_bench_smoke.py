@@ -45,3 +45,23 @@ def test_main_writes_the_markdown_report_and_the_results_the_figures_are_drawn_f
     assert plot.main([str(tmp_path), str(tmp_path / "figures")]) == 0
     figures = ("resume.png", "per_batch.png", "resume_readme.png")
     assert all((tmp_path / "figures" / name).is_file() for name in figures)
+
+
+def test_the_readme_figure_draws_ours_beside_skip_first_batches_and_statefuldataloader_on_linear_axes(tmp_path):
+    """Issue 26: the README's figure, on log axes with every method, did not show the point at a glance."""
+    plot = load_script("benchmarks/plot.py", "plot")
+    seconds = {"0.1": 0.1, "0.5": 0.3, "0.9": 0.5}
+    names = ["ours: load_state_dict", "accelerate: skip_first_batches", "StatefulDataLoader: load_state_dict",
+             "accelerate stateful: load_state_dict"]
+    documents = {"loader.json": {"environment": {}, "sizes": {"resume": [1000, 1]},
+                                 "results": {"resume": [{"name": n, "seconds": seconds} for n in names]}}}
+    ((title, results),) = plot.headline_panels(documents)
+    assert [r["name"] for r in results] == names[:3]
+    shown = []
+    original = plot._resume_panel
+    plot._resume_panel = lambda ax, *args, **kwargs: shown.append(ax) or original(ax, *args, **kwargs)
+    try:
+        assert plot.plot_resume_headline(documents, tmp_path / "readme.png") == tmp_path / "readme.png"
+    finally:
+        plot._resume_panel = original
+    assert [ax.get_yscale() for ax in shown] == ["linear"] and shown[0].get_ylim()[0] == 0

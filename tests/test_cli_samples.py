@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, SequentialSampler
 
 from accelerate_stateful import DispatchDataLoader, DistContext, ShardDataLoader
 from accelerate_stateful.checkpoint import _files
+from accelerate_stateful.cli import _indices
 
 from cli_run import cli_json, run_cli, save_checkpoint
 
@@ -181,3 +182,44 @@ def test_samples_refuse_a_loader_rank_or_step_the_checkpoint_lacks(tmp_path, arg
     ckpt = save_checkpoint(tmp_path / "c", [[_shard(cfg, r, 2).state_dict() for r in range(2)]])
     status, out, err = run_cli("samples", ckpt, *args)
     assert status == 2 and out == "" and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("n, seed", [(0, 3), (1, 3), (2, 0), (23, 11), (1000, 2**40 + 7), (5000, 2**63 - 5)])
+def test_the_order_drawn_without_torch_is_torchs_randperm(n, seed):
+    expected = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    assert _indices.randperm(n, seed) == expected
+
+
+def test_samples_of_a_seedable_order_with_samples_left_out_equal_what_the_loaders_yield(tmp_path):
+    """Accelerate's seedable sampler, ``skip_samples`` ranges in the saved and the next epoch, and a save after
+    an epoch's last batch: what ``samples`` draws without torch is what the loaders read."""
+    def make(rank):
+        loader = ShardDataLoader.from_dataloader(DataLoader(list(range(N)), batch_size=3, shuffle=True),
+                                                 DistContext(rank, 2), data_seed=5, use_seedable_sampler=True)
+        loader.skip_samples(7, 10, epoch=0)
+        loader.skip_samples(2, 4, epoch=1)
+        return loader
+
+    full = [[b.tolist() for b in make(r)] for r in range(2)]
+    for taken in (1, len(full[1])):
+        loaders = [make(r) for r in range(2)]
+        iterators = [iter(loader) for loader in loaders]
+        for it in iterators:
+            for _ in range(taken):
+                next(it)
+        ckpt = save_checkpoint(tmp_path / f"t{taken}", [[loader.state_dict() for loader in loaders]])
+        assert ckpt.joinpath(_files.SUBDIR).is_dir() and loaders[0].state_dict()["config"]["order"] == "seedable-random"
+        consumed = cli_json("samples", ckpt, "--consumed")["ranks"]
+        remaining = cli_json("samples", ckpt, "--remaining")["ranks"]
+        for rank in range(2):
+            assert [b["indices"] for b in consumed[rank]["batches"]] == full[rank][:taken]
+            assert [b["indices"] for b in remaining[rank]["batches"]] == full[rank][taken:]
+
+
+def test_samples_refuse_a_state_whose_order_is_not_the_one_its_seed_draws(tmp_path):
+    cfg = dict(world=1, shuffle=True, drop_last=False, even=True, split=False, bs=4)
+    state = _shard(cfg, 0, 1).state_dict()
+    state["order_fingerprint"] = "0" * 16
+    ckpt = save_checkpoint(tmp_path / "c", [[state]])
+    status, out, err = run_cli("samples", ckpt, "--step", 0)
+    assert status == 3 and out == "" and "order for epoch 0 (random) differs from the one saved" in err

@@ -18,14 +18,14 @@ from typing import Any, Mapping, Optional
 import torch
 
 from ..checkpoint import _state as S
-from ._position import is_map_style, with_reader
+from ._position import with_reader
 from .._context import DistContext
 from ..position._distributed import order_length
 from ..position._order import EpochOrder, SequentialOrder, ShuffledOrder
 from ..loaders.dispatch import DispatchDataLoader
 from ..errors import CheckpointError
 from ..loaders.shard import ShardDataLoader, _PlanBatchSampler
-from ._read import NotAnswerable
+from ._read import NotAnswerable, require_map_style
 
 _REPRODUCIBLE = {SequentialOrder.kind: SequentialOrder, ShuffledOrder.kind: ShuffledOrder}
 
@@ -77,11 +77,7 @@ def _shard(config: Mapping[str, Any], state: Mapping[str, Any], ctx: DistContext
 
 def fresh_loader(state: Mapping[str, Any], ctx: DistContext) -> Any:
     """A loader with the settings ``state`` was saved with, on ``ctx``, at the start of epoch 0."""
-    if not is_map_style(state):
-        raise NotAnswerable(
-            f"this loader reads a stream (mode {state[S.MODE]!r}): a stream has no dataset indices to list; "
-            "samples answers only for map-style datasets"
-        )
+    require_map_style(state)
     if state[S.MODE] == ShardDataLoader.mode:
         return _shard(state[S.CONFIG], state, ctx)
     base = state[S.BASE]

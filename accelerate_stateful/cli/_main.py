@@ -18,24 +18,28 @@ Commands: ``inspect``, ``verify``, ``samples``, ``diff`` (see ``docs/cli.md``). 
 ==  ==========================================================================
 
 ``inspect``, ``verify`` and ``diff`` read JSON and safetensors headers only and never import torch (nor
-accelerate): a call takes a fraction of a second. ``samples`` rebuilds the loaders, so it imports them (and
-torch) when it runs.
+accelerate): a call takes a fraction of a second. So does ``samples`` of a shard loader whose order is
+sequential or ``shuffle=True`` (``_indices``); for any other loader it rebuilds the loaders, and so imports
+them and torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..checkpoint import _integrity
 from ..checkpoint import _state as S
-from . import _check_resume
+from . import _check_resume, _indices
+from ._position import with_reader
 from ._diff import diff_reports, format_diff
-from ._read import Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint
+from ._read import (Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint,
+                    require_map_style)
 from ._report import SCHEMA_VERSION, describe, format_report
 from ..errors import StatefulLoaderError
 
@@ -164,7 +168,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _samples(args: argparse.Namespace) -> int:
-    ckpt = open_checkpoint(args.checkpoint, with_tensors=True)  # a dispatcher's loader takes its tensors
+    ckpt = open_checkpoint(args.checkpoint)
     if not ckpt.complete:
         raise UnreadableCheckpoint(
             f"{_incomplete(ckpt)}; a resume never reads it, so its samples mean nothing: run "
@@ -181,6 +185,9 @@ def _samples(args: argparse.Namespace) -> int:
     if not all(0 <= r < world for r in ranks):
         raise _UsageError(f"--rank {args.rank}: the {'resumed run' if args.world_size else 'checkpoint'} has "
                           f"{world} rank(s), numbered from 0")
+    require_map_style(with_reader(states, 0))
+    if not all(_indices.answerable(states, r, world) for r in ranks):  # the loaders, rebuilt, take the tensors
+        states = open_checkpoint(args.checkpoint, with_tensors=True).rank_states(args.loader)
     found = [_rank_samples(states, r, world, args) for r in ranks]
     out = {"schema_version": SCHEMA_VERSION, "checkpoint": str(ckpt.path), "loader": args.loader,
            "epoch": states[0][S.EPOCH], "world_size": world, "elastic": world != ckpt.world_size,
@@ -190,13 +197,10 @@ def _samples(args: argparse.Namespace) -> int:
 
 
 def _rank_samples(states: list, rank: int, world: int, args: argparse.Namespace) -> dict:
-    """One rank's batches for the question asked, from the loader rebuilt and resumed from the checkpoint."""
-    from ._loaders import rank_batches, restored_loader  # the loaders, and torch: only this command needs them
-
-    loader = restored_loader(states, rank, world)
-    taken, total = loader.batches_yielded, len(loader)
+    """One rank's batches for the question asked."""
+    taken, total, epoch, batches_between = _answerer(states, rank, world)
     if args.step is not None and not 0 <= args.step < total:
-        raise _UsageError(f"--step {args.step}: rank {rank} has {total} batches in epoch {loader.epoch} "
+        raise _UsageError(f"--step {args.step}: rank {rank} has {total} batches in epoch {epoch} "
                           f"(steps 0 to {total - 1})")
     if args.consumed:
         start, stop = 0, taken
@@ -204,10 +208,23 @@ def _rank_samples(states: list, rank: int, world: int, args: argparse.Namespace)
         start, stop = taken, None
     else:
         start, stop = args.step, args.step + 1
-    batches = rank_batches(loader, start, stop)
+    batches = batches_between(start, stop)
     origin = states[rank].get(S.STRIPE_ORIGIN, 0) if world == len(states) else 0
     return {"rank": rank, "batches_taken": taken, "batches_in_epoch": total, "stripe_origin": origin,
             "batches": [{"step": start + k, "indices": b} for k, b in enumerate(batches)]}
+
+
+def _answerer(states: list, rank: int, world: int) -> tuple[int, int, int, Callable[[int, Optional[int]], list]]:
+    """(batches taken, batches in the epoch, epoch, ``batches(start, stop)``) of ``rank`` of ``world`` resumed
+    from the checkpoint: a shard loader's from its state (``_indices``, without torch), any other's from the
+    loader rebuilt and resumed (``_loaders``, which imports torch)."""
+    if _indices.answerable(states, rank, world):
+        plan, taken, epoch = _indices.rank_position(states, rank)
+        return taken, plan.num_batches, epoch, functools.partial(_indices.rank_batches, states[rank], plan, epoch)
+    from ._loaders import rank_batches, restored_loader
+
+    loader = restored_loader(states, rank, world)
+    return loader.batches_yielded, len(loader), loader.epoch, functools.partial(rank_batches, loader)
 
 
 def _format_samples(out: dict) -> str:

@@ -21,7 +21,7 @@ import safetensors
 
 from ..checkpoint import _files, _integrity
 from ..checkpoint import _state as S
-from ._position import KINDS
+from ._position import KINDS, is_map_style
 from ..errors import CheckpointError, StatefulLoaderError, UnsupportedConfigError
 
 # Where Accelerate's automatic checkpoint naming puts a project's checkpoints: <project_dir>/checkpoints/.
@@ -38,6 +38,15 @@ class NotAnswerable(StatefulLoaderError):
 
     Raised to the command line only, which turns it into its own exit status.
     """
+
+
+def require_map_style(state: Any) -> None:
+    """Raise ``NotAnswerable`` (``samples``) unless ``state`` is of a loader over a map-style dataset."""
+    if not is_map_style(state):
+        raise NotAnswerable(
+            f"this loader reads a stream (mode {state[S.MODE]!r}): a stream has no dataset indices to list; "
+            "samples answers only for map-style datasets"
+        )
 
 
 @dataclass(frozen=True)
