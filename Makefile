@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(PYTHON_VERSION)
 
-.PHONY: install test test-full test-fast demo demo-trainer bench docs docs-check torture soak programs dist clean
+.PHONY: install test test-full test-fast demo demo-trainer bench conformance docs docs-check torture soak programs dist clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv --clear $(VENV)
@@ -83,6 +83,14 @@ bench: install
 	$(PY) benchmarks/bench_worker_release.py
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/plot.py bench_out docs/figures
+
+# The resume-correctness table (benchmarks/conformance; not `nox -s conformance`, Accelerate's own tests): every
+# loader killed and resumed the same ways, ~10 minutes on 2 cores. It rewrites the table in docs/benchmarks.md,
+# docs/figures/conformance.png and benchmarks/conformance/expected.json, which the suite holds each release to.
+conformance: install
+	mkdir -p bench_out
+	$(PY) benchmarks/conformance/run.py --json bench_out/conformance.json --markdown bench_out/conformance.md --expected
+	$(PY) benchmarks/conformance/report.py bench_out/conformance.json docs/benchmarks.md docs/figures/conformance.png
 
 # The site, into site/; strict: a broken link or reference, or a page missing from mkdocs.yml's nav, fails.
 docs: install
