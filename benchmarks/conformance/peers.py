@@ -12,6 +12,7 @@ import importlib.util
 from typing import Callable, Optional
 
 import peers_hf
+import peers_streaming
 import peers_torch
 from scenarios import Scenario
 
@@ -52,6 +53,12 @@ def _hf_na(scenario: Scenario) -> Optional[str]:
     return None
 
 
+def _stream_na(scenario: Scenario) -> Optional[str]:
+    if scenario.key in ("map-mid", "map-mid-w2"):
+        return "a stream of written chunks, no map-style form (see the stream columns)"
+    return None
+
+
 def _trainer_na(scenario: Scenario) -> Optional[str]:
     if scenario.accumulation > 1:
         return "the Trainer saves only after an optimizer step, never inside an accumulation window"
@@ -77,7 +84,10 @@ PEERS = (
       for variant in peers_hf.VARIANTS),
     Peer("🤗 Trainer", ("transformers",), "Trainer.train(resume_from_checkpoint=True)",
          peers_hf.trainer_segment, _trainer_na, processes=True, owns_processes=True),
-    Peer("litdata StreamingDataLoader", ("litdata",), "StreamingDataset + StreamingDataLoader.state_dict()"),
+    Peer("litdata StreamingDataLoader", ("litdata",),
+         "StreamingDataset(shuffle=True) + StreamingDataLoader.state_dict()/load_state_dict()",
+         peers_streaming.litdata_segment, _stream_na),
     Peer("mosaicml-streaming StreamingDataset", ("mosaicml-streaming",),
-         "StreamingDataset + StreamingDataLoader.state_dict()"),
+         "StreamingDataset(shuffle=True, batch_size=B) + StreamingDataLoader.state_dict()/load_state_dict()",
+         peers_streaming.mosaic_segment, _stream_na),
 )

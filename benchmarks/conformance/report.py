@@ -62,18 +62,17 @@ def figure(document: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = document["rows"]
+    rows = {name.replace("🤗", "HF"): row for name, row in document["rows"].items()}  # no emoji in the font
     names = list(rows)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [1.3, 1]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6), gridspec_kw={"width_ratios": [1.3, 1]})
     starts = [0] * len(names)
     for kind, colour in KINDS:
         counts = [sum(c["verdict"] == kind for c in rows[n]["cells"].values()) for n in names]
         left.barh(names, counts, left=starts, color=colour, edgecolor="#666666", linewidth=0.4, label=kind)
         starts = [s + c for s, c in zip(starts, counts)]
     left.invert_yaxis()
-    left.set_xlabel("scenarios")
-    left.set_title("Resumed run against the uninterrupted one")
-    left.legend(loc="lower right", fontsize=8)
+    left.set_title("Resumed run against the uninterrupted one (scenarios)")
+    left.legend(loc="upper center", bbox_to_anchor=(0.4, -0.1), ncol=6, fontsize=7)
     timed = {n: r["first_batch_s"] for n, r in rows.items() if r.get("first_batch_s")}
     for name, times in timed.items():
         points = [(float(p) * 100, t) for p, t in times.get("stream", {}).items() if isinstance(t, float)]
@@ -81,7 +80,7 @@ def figure(document: dict, path: Path) -> None:
             right.plot(*zip(*points), marker="o", label=name, linewidth=2.5 if name.startswith("ours") else 1.2)
     right.set_xlabel("resumed at % of the epoch")
     right.set_ylabel("seconds to the first batch")
-    right.set_title("Time to the first batch after resuming a stream (5 ms per sample)")
+    right.set_title("First batch after resuming a stream (5 ms/sample)")
     right.legend(fontsize=7)
     env = document["environment"]
     fig.text(0.01, 0.01, f"{env['cpu']}, {env['cpu_count']} cores; torch {env['torch']}, accelerate "

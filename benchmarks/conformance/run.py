@@ -46,7 +46,8 @@ def measure_all(quick: bool, rounds: int) -> dict:
                 if peer.processes:
                     launched[index] = peer
                 else:
-                    row["cells"][scenario.key] = {"verdict": "not yet measured", "reason": "no multi-process script"}
+                    row["cells"][scenario.key] = {"verdict": "not yet measured", "reason": "its 2-process resume hung or failed to connect in "
+                                                  "our launch: not yet diagnosed"}
                 continue
             started = time.perf_counter()
             row["cells"][scenario.key] = cells.measure(peer, scenario)
