@@ -24,7 +24,7 @@ DOCS := $(VENV)/.docs-$(PYTHON_VERSION)
 # setup.py STREAMING, installed without their own requirements (which would replace torch, numpy, transformers).
 STREAMING_SPEC := mosaicml-streaming==0.13.0 litdata==0.2.76 webdataset==1.0.2
 
-.PHONY: install test test-full test-fast demo demo-trainer bench docs docs-check torture soak programs dist clean
+.PHONY: install test test-full test-fast demo demo-trainer bench conformance docs docs-check torture soak programs dist clean
 
 $(BASE): setup.py
 	$(PYTHON) -m venv --clear $(VENV)
@@ -105,6 +105,14 @@ bench: install
 	$(PY) benchmarks/bench_worker_release.py
 	$(PY) benchmarks/bench_preemption.py
 	$(PY) benchmarks/plot.py bench_out docs/figures
+
+# The resume-correctness table (benchmarks/conformance; not `nox -s conformance`, Accelerate's own tests): every
+# loader killed and resumed the same ways, ~4 minutes on 2 cores. It rewrites the table in docs/benchmarks.md,
+# docs/figures/conformance.png and benchmarks/conformance/expected.json, which the suite holds each release to.
+conformance: install
+	mkdir -p bench_out
+	$(PY) benchmarks/conformance/run.py --json bench_out/conformance.json --markdown bench_out/conformance.md --expected
+	$(PY) benchmarks/conformance/report.py bench_out/conformance.json docs/benchmarks.md docs/figures/conformance.png
 
 # The site, into site/; strict: a broken link or reference, or a page missing from mkdocs.yml's nav, fails.
 docs: $(DOCS)
