@@ -33,9 +33,9 @@ from .loaders.batchsampler import BatchSamplerDataLoader, uses_batch_sampler
 from .errors import CheckpointError, LifecycleError, UnsupportedConfigError
 from .loaders.dispatch import DispatchDataLoader
 from .loaders.iterable import IterableShardDataLoader
-from .sources.indexed import read_by_index
+from .sources.indexed import Indexed, stream_library
 from .sources.roundrobin import RoundRobinDataset, RoundRobinLoader
-from .loaders.shard import ShardDataLoader
+from .loaders.shard import ShardDataLoader, loader_settings
 from .loaders.skip import SkipDataLoader
 
 logger = _log.main_process_logger(__name__)
@@ -432,3 +432,11 @@ class Accelerator(accelerate.Accelerator):
         finally:
             self._dataloaders, config.automatic_checkpoint_naming = saved
 
+
+def read_by_index(data_loader: DataLoader) -> DataLoader:
+    """The user's ``DataLoader``, rebuilt over ``Indexed(dataset)`` where its dataset is a bare streaming dataset
+    (read in index order: the ``DataLoader`` of an ``IterableDataset`` takes no ``shuffle``); else unchanged."""
+    if stream_library(data_loader.dataset) is None:
+        return data_loader
+    return DataLoader(Indexed(data_loader.dataset), batch_size=data_loader.batch_size, shuffle=False,
+                      drop_last=data_loader.drop_last, **loader_settings(data_loader))

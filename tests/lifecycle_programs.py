@@ -98,6 +98,8 @@ def draw(seed: int, world: int, refusal: bool = False) -> Program:
         return replace(program, keep_live_rank=rng.randrange(world), save_after_loop=True)
     plumbing = random.Random(seed * 53 + 11)  # drawn apart too: the programs above stay what they were
     shape = plumbing.choice([None, None, "zip_longest", "chain", "prefetch", "roundrobin"])
+    if shape == "prefetch" and per_rank <= 2:  # its queue would outlast its first epoch (docs/lifecycle.md)
+        shape = "zip_longest"
     if shape is not None and program.restart != "count":  # the loop keeps no position between steps: no break
         program = replace(program, pattern=shape, limit=None, eval_top_every=0, depth=plumbing.randint(1, 2))
         if shape == "prefetch" and program.save_after_loop:  # a save after its loop reads as one at its last step:

@@ -251,8 +251,8 @@ class Lifecycle:
             record.final = (self._loader._epoch, self._loader._batches_taken())
             record.at_end = self._loader._position_mark()
             self._loader._end_epoch()
-        if untrained(self, record) > 0 and (self.trains or record.trained or _training.alone(record)):
-            self.owed = record  # (alone: a prefetcher whose queue outlasts its first epoch trains after the end)
+        if untrained(self, record) > 0 and (self.trains or record.trained):
+            self.owed = record
         self._close(record, undone=False)
 
     def failed(self, record: PassRecord) -> None:

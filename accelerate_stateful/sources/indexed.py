@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..errors import UnsupportedConfigError
 
@@ -81,17 +81,6 @@ class Indexed(Dataset):
 def as_indexed(dataset: Any) -> Any:
     """``Indexed(dataset)`` for a streaming dataset, else ``dataset`` itself."""
     return Indexed(dataset) if stream_library(dataset) is not None else dataset
-
-
-def read_by_index(data_loader: DataLoader) -> DataLoader:
-    """The user's ``DataLoader``, rebuilt over ``Indexed(dataset)`` where its dataset is a bare streaming dataset
-    (read in index order: the ``DataLoader`` of an ``IterableDataset`` takes no ``shuffle``); else unchanged."""
-    if stream_library(data_loader.dataset) is None:
-        return data_loader
-    from ..loaders.shard import loader_settings
-
-    return DataLoader(Indexed(data_loader.dataset), batch_size=data_loader.batch_size, shuffle=False,
-                      drop_last=data_loader.drop_last, **loader_settings(data_loader))
 
 
 def _samples(dataset: Any, library: str) -> int:

@@ -91,11 +91,6 @@ def handed_out(record: Marked) -> None:
         _current.append(record)
 
 
-def alone(record: Marked) -> bool:
-    """Whether ``record``'s pass is the only current one (no loop around it is iterating another loader)."""
-    return all(other is record for other in _current)
-
-
 def ended(record: Marked) -> None:
     """``record``'s pass ended (exhausted, closed or judged): it is no longer current."""
     if record in _current:
