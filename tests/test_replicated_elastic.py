@@ -157,3 +157,78 @@ def test_a_state_written_before_the_reading_was_recorded_still_resumes_on_the_sa
     assert [b.tolist() for b in resumed] == [b.tolist() for b in current]
     with pytest.raises(UnsupportedConfigError, match="--num_processes 2"):
         make(3, 0).load_state_dict({**old, "topology": {**old["topology"], "rank": 0}})
+
+
+# ---------------------------------------------------------------- chained: world -> new world -> same new world
+CHAIN_N = 13  # small, so every save point of every leg is tried in seconds
+_SAVED_RUNS: dict = {}
+
+
+def _leg(world, states, workers, split):
+    """Each rank's batches to the epoch's end, from its own state (or rank 0's on another number of processes),
+    and its state before each batch and after each (a save inside the loop)."""
+    batches, saves = [], []
+    for rank in range(world):
+        dl = make(world, rank, workers=workers, split=split, n=CHAIN_N)
+        if states is not None:
+            dl.load_state_dict(states[rank] if len(states) == world else states[0])
+        got, saved = [], [dl.state_dict()]
+        for batch in dl:
+            got.append(batch.tolist())
+            saved.append(dl.state_dict())
+        batches.append(got)
+        saves.append(saved)
+    return batches, saves
+
+
+def _saved_run(world, workers, split):
+    """The interrupted run (read by its own workers), shared by every new number of processes."""
+    key = (world, workers, split)
+    if key not in _SAVED_RUNS:
+        _SAVED_RUNS[key] = _leg(world, None, workers, split)
+    return _SAVED_RUNS[key]
+
+
+def _ids(batches):
+    return {i for batch in batches for i in batch}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["per-rank", "split"])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("world,new_world", [(w, n) for w in (1, 2, 3) for n in (1, 2, 3)])
+def test_a_resumed_epoch_saved_again_and_resumed_again_goes_on_as_the_first_resume(world, new_world, workers, split):
+    """Saved after s1 batches on ``world`` processes, resumed on ``new_world`` (every rank from rank 0's state) to
+    the epoch's end; resumed again from each rank's state after s2 of those batches, the rest is the first
+    resume's from s2 on, and the three legs together read every sample. The resumed legs continue the saved
+    run's logical workers in the main process (as a loader with num_workers=0 does), so the saved layout,
+    its rotation and counts, and what a save in that layout records are all on the chain."""
+    run, saves = _saved_run(world, workers, split)
+    for s1 in range(len(run[0]) + 1):
+        first, resaves = _leg(new_world, [through_files(saves[rank][s1], rank) for rank in range(world)], 0, split)
+        for s2 in range(len(first[0]) + 1):
+            states = [through_files(resaves[rank][s2], rank) for rank in range(new_world)]
+            second, _ = _leg(new_world, states, 0, split)
+            assert second == [first[rank][s2:] for rank in range(new_world)], (s1, s2)
+            chain = [b for r in run for b in r[:s1]] + [b for r in first for b in r[:s2]] + sum(second, [])
+            assert _ids(chain) == set(range(CHAIN_N)), (s1, s2)
+
+
+def test_a_chain_with_two_workers_on_every_leg_gives_back_no_batch_taken_before_the_second_save():
+    """Issue 25 item 11's chain with real workers on every leg: 2 processes, saved after 2 batches; 3 processes,
+    saved after 3 (``[20, 22]``, worker 0's, is the third: the loop received it, so it is taken); 3 again goes
+    on with the fourth. The issue's script broke out of ``enumerate(loader)`` at ``k == steps``, which had
+    received ``steps + 1`` batches, and compared the second resume with the first from ``steps``."""
+    _, saves = save_after(2, 2, workers=2)
+    first, resaves = [], []
+    for rank in range(3):
+        dl = make(3, rank, workers=2)
+        dl.load_state_dict(saves[0])
+        it = iter(dl)
+        first.append([next(it).tolist() for _ in range(3)])
+        resaves.append(through_files(dl.state_dict(), rank))
+        first[-1] += [b.tolist() for b in it]
+    assert first[0] == [[8, 10], [9, 11], [20, 22], [21, 1]]
+    for rank in range(3):
+        dl = make(3, rank, workers=2)
+        dl.load_state_dict(resaves[rank])
+        assert [b.tolist() for b in dl] == first[rank][3:]
