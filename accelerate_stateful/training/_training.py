@@ -77,18 +77,21 @@ def handed_out(record: Marked) -> None:
     global _serial
     _serial += 1
     record.last_hand, record.foreign = _serial, False
+    if len(_current) == 1 and _current[0] is record:  # a plain loop: nothing else to look at, per batch
+        return
+    stale = False
     for other in _current:
         if other.last_hand < record.serial:
             other.foreign = True
-    # A pass the loop let go before this later pass began (a warm-up ``next(iter(a))``, then ``chain(islice(b, k),
-    # a)`` trains ``b``) is not trained by it. Let go is a flag its iterator's finalizer sets; an iterator a
-    # reference cycle keeps on one rank only stays current there, and the save's comparison refuses on every rank.
-    _current[:] = [p for p in _current if not (p.dropped and p.last_hand < record.serial)]
-    if _current and not (len(_current) == 1 and _current[0] is record):
-        _current[:] = [p for p in _current if p.serial < record.serial]
-        _current.append(record)
-    elif not _current:
-        _current.append(record)
+            # A pass the loop let go before this later pass began (a warm-up ``next(iter(a))``, then
+            # ``chain(islice(b, k), a)`` trains ``b``) is not trained by it. Let go is a flag its iterator's
+            # finalizer sets; an iterator a reference cycle keeps on one rank only stays current there, and the
+            # save's comparison refuses on every rank.
+            stale = stale or other.dropped
+    if stale:
+        _current[:] = [p for p in _current if not (p.dropped and p.last_hand < record.serial)]
+    _current[:] = [p for p in _current if p.serial < record.serial]
+    _current.append(record)
 
 
 def ended(record: Marked) -> None:

@@ -46,6 +46,12 @@ def litdata_segment(scenario: Scenario, folder: Path, segment: int, stop: Option
     parts = [StreamingDataset(_chunks(ids), shuffle=True, seed=0) for ids in source_ids(scenario)]
     data = parts[0] if len(parts) == 1 else CombinedStreamingDataset(parts, seed=0, weights=[0.5, 0.5], iterate_over_all=False)
     dl = StreamingDataLoader(data, batch_size=scenario.batch(segment), num_workers=scenario.workers)
+    return _run_segment(dl, folder, stop, on_first, cost_s)
+
+
+def _run_segment(dl, folder: Path, stop: Optional[int], on_first, cost_s: float) -> list:
+    """Both libraries' documented resume: the loader's ``state_dict()`` saved with the epoch after ``stop``
+    batches, given back to ``load_state_dict()`` by the next segment; the ids trained, with their epoch."""
     path, start_epoch = folder / "loader.pt", 0
     if path.exists():
         saved = torch.load(path, weights_only=False)
@@ -55,7 +61,7 @@ def litdata_segment(scenario: Scenario, folder: Path, segment: int, stop: Option
     for epoch in range(start_epoch, EPOCHS):
         for batch in dl:
             if cost_s:
-                time.sleep(cost_s * len(batch["id"]))  # the reads' cost, paid where litdata reads
+                time.sleep(cost_s * len(batch["id"]))  # the reads' cost, paid where the library reads
             if on_first is not None:
                 return on_first()
             trained += [(epoch, int(i)) for i in batch["id"]]
@@ -99,21 +105,4 @@ def mosaic_segment(scenario: Scenario, folder: Path, segment: int, stop: Optiona
     else:
         data = StreamingDataset(streams=[Stream(local=_mds(s), proportion=0.5) for s in sources], **common)
     dl = StreamingDataLoader(data, batch_size=batch, num_workers=scenario.workers)
-    path, start_epoch = folder / "loader.pt", 0
-    if path.exists():
-        saved = torch.load(path, weights_only=False)
-        dl.load_state_dict(saved["loader"])
-        start_epoch = saved["epoch"]
-    trained, done = [], 0
-    for epoch in range(start_epoch, EPOCHS):
-        for batch_ids in dl:
-            if cost_s:
-                time.sleep(cost_s * len(batch_ids["id"]))
-            if on_first is not None:
-                return on_first()
-            trained += [(epoch, int(i)) for i in batch_ids["id"]]
-            done += 1
-            if done == stop:
-                torch.save({"loader": dl.state_dict(), "epoch": epoch}, path)
-                return trained
-    return trained
+    return _run_segment(dl, folder, stop, on_first, cost_s)
