@@ -57,9 +57,11 @@ TEST_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo 
 test: install
 	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
-# Every configuration of every property grid (make test runs a fixed sample of the large ones: tests/conftest.py).
+# Every configuration of every property grid (make test runs a fixed sample of the large ones: tests/conftest.py),
+# and every launch's processes started from a fresh interpreter (make test forks most from a pre-imported one:
+# tests/mp_zygote.py says what that changes).
 test-full: install
-	TMPDIR=$(TEST_TMPDIR) ACCELERATE_STATEFUL_GRID=full $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+	TMPDIR=$(TEST_TMPDIR) ACCELERATE_STATEFUL_GRID=full ACCELERATE_STATEFUL_LAUNCH=exec $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # A wheel for your own project's environment: pip install "dist/accelerate_stateful-<version>-py3-none-any.whl[transformers]"
 dist: install
@@ -87,12 +89,13 @@ torture: install
 		$(PY) -m pytest -q -s tests/test_torture.py
 
 # 100 short 2-process launches (every loader kind, workers, a checkpoint, end_training): none may hang at exit.
+# Every process starts from a fresh interpreter, as a user's do.
 # Then 300 short launches of the resume scenario sets (tests/mp_scenarios.py), one scenario each, rotating
 # through every set: none may hang (the watchdog dumps every rank's and worker's stack) or fail.
 soak: install
 	rm -rf soak_out
-	$(PY) tests/soak.py --kind exit --launches $${SOAK_LAUNCHES:-100} --out soak_out/exit
-	$(PY) tests/soak.py --kind scenarios --per-launch 1 --launches $${SOAK_SCENARIO_LAUNCHES:-300} \
+	ACCELERATE_STATEFUL_LAUNCH=exec $(PY) tests/soak.py --kind exit --launches $${SOAK_LAUNCHES:-100} --out soak_out/exit
+	ACCELERATE_STATEFUL_LAUNCH=exec $(PY) tests/soak.py --kind scenarios --per-launch 1 --launches $${SOAK_SCENARIO_LAUNCHES:-300} \
 		--out soak_out/scenarios
 
 # The tables print; the results also go to bench_out/*.json, drawn into docs/figures/*.png (commit those).

@@ -56,18 +56,50 @@ def pytest_report_header(config: pytest.Config) -> str:
             f"(sample '{salt}'; make test-full runs every one)")
 
 
+# Seconds the launches of a test file take on the 2-core machine, roughly (measured; a file not named here:
+# DEFAULT_LAUNCH_S). Only used to split the launches into two halves of about equal time, one per pytest worker.
+# A file goes whole to one half (its module fixtures launch once), but for those in SPLIT, whose tests launch
+# one each: there each test is a unit, of its file's time divided among them.
+LAUNCH_S = {"test_multiprocess.py": 540, "test_trainer_mp.py": 200, "test_lifecycle_mp.py": 160, "test_torture.py": 150,
+            "test_elastic_mp.py": 150, "test_demo.py": 140, "test_endings.py": 100, "test_lm_pipeline_mp.py": 100,
+            "test_bitwise.py": 85, "test_check_resume.py": 120, "test_quickstart.py": 75, "test_deepspeed.py": 70,
+            "test_checkpoints_mp.py": 65, "test_sharded.py": 45, "test_failures_mp.py": 45}
+DEFAULT_LAUNCH_S = 20
+SPLIT = ("test_multiprocess.py", "test_lifecycle_mp.py", "test_check_resume.py")
+
+
+def _two_halves(launches: list) -> list[str]:
+    """Each launch test's group, ``launches-0`` or ``launches-1``: the longest unit first, each to the lighter
+    half."""
+    units: dict = {}
+    for item in launches:
+        name = item.path.name
+        units.setdefault(item.nodeid if name in SPLIT else name, []).append(item)
+    per_file = {name: sum(1 for item in launches if item.path.name == name) for name in SPLIT}
+    def cost(unit: str) -> float:
+        name = units[unit][0].path.name
+        return LAUNCH_S.get(name, DEFAULT_LAUNCH_S) / (per_file[name] if name in SPLIT else 1)
+    totals, group = [0.0, 0.0], {}
+    for unit in sorted(units, key=lambda unit: (-cost(unit), unit)):
+        half = totals.index(min(totals))
+        totals[half] += cost(unit)
+        group.update((id(item), f"launches-{half}") for item in units[unit])
+    return [group[id(item)] for item in launches]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     """Grids sampled (above). With pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): the launches
-    of real processes run one after another on one worker, first (they take longest and each uses the cores of
-    several ranks), and every other test file runs whole on one worker, its module fixtures once. In one
+    of real processes run first, in two halves of about equal time, one after another on each worker (a rank
+    waits on its peers and on files as much as it computes: two launches at once keep both cores busy), and
+    every other test file runs whole on one worker, its module fixtures once. In one
     process: as collected."""
     _sample_grids(config, items)
     if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
         return
     launches = [item for item in items if item.get_closest_marker("multiprocess")]
     others = [item for item in items if not item.get_closest_marker("multiprocess")]
-    for item in launches:
-        item.add_marker(pytest.mark.xdist_group("launches"))
+    for item, group in zip(launches, _two_halves(launches)):
+        item.add_marker(pytest.mark.xdist_group(group))
     for item in others:
         item.add_marker(pytest.mark.xdist_group(item.path.name))
     items[:] = launches + others

@@ -15,12 +15,15 @@ header naming the process. Then every process of the job is killed by its id, th
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,10 @@ COLLECTIVE_TIMEOUT_S = 120.0
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_", "MASTER_",
                  "TORCHELASTIC_", "ACCELERATE_")
 LEFTOVER_GRACE_S = 5.0  # how long processes of a job that ended may take to exit before they are killed
+# "exec": every launch starts its processes from a fresh interpreter (``make test-full``, ``make soak``).
+# Otherwise a launch of ``accelerate_command``/``torchrun_command`` on one machine is forked from a
+# pre-imported server (``mp_zygote``: what that changes, and what it does not).
+LAUNCH_ENV = "ACCELERATE_STATEFUL_LAUNCH"
 
 
 def free_port() -> int:
@@ -143,7 +150,11 @@ class Job:
         self.folder, self.commands = folder, [list(c) for c in commands]
         self.procs: list[subprocess.Popen] = []
         for i, command in enumerate(self.commands):
-            with open(folder / f"launch{i}.log", "ab") as sink:
+            log = folder / f"launch{i}.log"
+            if len(self.commands) == 1 and forkable(command, env):
+                self.procs.append(_zygote().launch(command, env, log))
+                continue
+            with open(log, "ab") as sink:
                 self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink,
                                                    stderr=subprocess.STDOUT, start_new_session=True))
         self.launchers = [psutil.Process(p.pid) for p in self.procs]
@@ -240,6 +251,94 @@ def launch(commands: Union[Sequence[str], Sequence[Sequence[str]]], folder: Path
     job = start(commands, folder, collective_timeout_s, **env)
     stall = 0.75 * collective_timeout_s if stall_s is None else stall_s
     return finish(job, timeout_s, stall, watch, started)
+
+
+def forkable(command: Sequence[str], env: dict[str, str]) -> bool:
+    """Whether ``command`` is a one-machine ``accelerate launch`` or ``torchrun --standalone`` of this
+    interpreter that the fork server runs as it would run (``mp_zygote``)."""
+    if os.environ.get(LAUNCH_ENV) == "exec" or command[0] != sys.executable or command[1:2] != ["-m"]:
+        return False
+    if env.get("PYTHONPATH") != launch_env().get("PYTHONPATH"):
+        return False  # the server imported the package from where this environment says
+    if command[2] == "accelerate.commands.launch":
+        return not {"--machine_rank", "--use_deepspeed", "--use_fsdp", "--config_file"} & set(command)
+    return command[2] == "torch.distributed.run" and "--standalone" in command
+
+
+class Forked:
+    """A launch's launcher, forked by the server: what a ``subprocess.Popen`` of the command offers here."""
+
+    def __init__(self, conn: socket.socket, command: Sequence[str]) -> None:
+        self.conn, self.args, self.returncode = conn, list(command), None
+        self.pid = json.loads(self._line())["pid"]
+
+    def _line(self) -> str:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = self.conn.recv(4096)
+            if not chunk:
+                raise RuntimeError("the launch server ended (mp_zygote); its output is in its log")
+            data += chunk
+        return data.decode()
+
+    def poll(self) -> Optional[int]:
+        return self._wait_s(0)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._wait_s(0.2) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _wait_s(self, seconds: float) -> Optional[int]:
+        """The exit status once the server sent it, waiting ``seconds`` for it at most (``poll``: any fd number,
+        where ``select`` stops at 1,023 and a test process may hold more)."""
+        if self.returncode is None:
+            waiting = select.poll()
+            waiting.register(self.conn, select.POLLIN)
+            if waiting.poll(seconds * 1000):
+                self.returncode = json.loads(self._line())["exit"]
+                self.conn.close()
+        return self.returncode
+
+
+class _Server:
+    """The fork server of this process (started at the first forked launch, ended with this process)."""
+
+    def __init__(self) -> None:
+        folder = Path(tempfile.mkdtemp(prefix="zygote-"))
+        self.path = str(folder / "socket")
+        (folder / "hf_home").mkdir()
+        env = launch_env(HF_HOME=str(folder / "hf_home"))
+        self.log = folder / "server.log"
+        with open(self.log, "ab") as sink:
+            self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "mp_zygote.py"), self.path], cwd=ROOT,
+                                         env=env, stdout=subprocess.PIPE, stderr=sink, start_new_session=True)
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the launch server did not start:\n{self.log.read_text(errors='replace')}")
+        atexit.register(self.end)
+
+    def end(self) -> None:
+        self.proc.kill()
+        self.proc.wait()  # reaped: its launches' CPU time counts in this process's children's
+
+    def launch(self, command: Sequence[str], env: dict[str, str], log: Path) -> Forked:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.path)
+        request = {"argv": list(command), "env": env, "cwd": str(ROOT), "log": str(log)}
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        return Forked(conn, command)
+
+
+_SERVER: Optional[_Server] = None
+
+
+def _zygote() -> _Server:
+    global _SERVER
+    if _SERVER is None or _SERVER.proc.poll() is not None:
+        _SERVER = _Server()
+    return _SERVER
 
 
 def _progress(job: Job, watch: Sequence[Path]) -> tuple:

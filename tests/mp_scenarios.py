@@ -828,6 +828,7 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
         # collector runs, at a different moment on each rank, and its end unregisters its loader from Accelerate's
         # GradientState; collected here, it ends at the same point of every rank's run.
         gc.collect()
+        gc.freeze()  # what survives is the process's for good (lazy imports among it): later collections skip it
         if dist.is_initialized():
             dist.barrier()
         started = time.perf_counter()
