@@ -138,9 +138,9 @@ def test_a_folder_that_cannot_be_moved_refuses_the_run_before_the_first_step_wit
     monkeypatch.setattr(Path, "rename", refused)
     seen = []
     resumed = _trainer(ours, out, seen)
-    with pytest.raises(CheckpointError, match=r"cannot train past step 3: .* holds checkpoint-6, checkpoint-9, "
-                                              r"checkpoint-10, .*moving checkpoint-9 aside .*\(Permission denied\); "
-                                              r"nothing was moved\. Let this process rename"):
+    refusal = (r"cannot start training at step 3: .* holds checkpoint-6, checkpoint-9, checkpoint-10, .*moving "
+               r"checkpoint-9 aside .*\(Permission denied\); nothing was moved\. Give this process write permission")
+    with pytest.raises(CheckpointError, match=refusal):
         resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     assert seen == [] and _fingerprint(out) == before
     assert _listing(out) == ["checkpoint-10", "checkpoint-3", "checkpoint-6", "checkpoint-9"]

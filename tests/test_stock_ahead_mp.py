@@ -26,7 +26,7 @@ def test_checkpoints_ahead_are_moved_once_for_every_rank_and_a_failed_move_refus
     assert done.ok, done.report()
     seen = [json.loads((root / f"rank{rank}.json").read_text()) for rank in range(2)]
     refusal = seen[0]["refused"]  # the main process's error, raised as such on both ranks
-    assert seen[1]["refused"] == refusal and refusal.startswith("rank 0 failed: cannot train past step 0: ")
+    assert seen[1]["refused"] == refusal and refusal.startswith("rank 0 failed: cannot start training at step 0: ")
     assert "moving checkpoint-6 aside" in refusal and "nothing was moved" in refusal
     assert sorted(p.name for p in (root / "refused").iterdir()) == ["checkpoint-3", "checkpoint-6"]
     (aside,) = (root / "moved").glob("superseded-*")

@@ -123,11 +123,10 @@ def _move(folders: list[Path], root: Path, start: int) -> Path:
             target.rmdir()
         names = ", ".join(p.name for p in folders)
         raise CheckpointError(
-            f"cannot train past step {start}: {root} holds {names}, checkpoints of an earlier run past step {start} "
-            f"where this run would save its own, and moving {failed.name} aside into {target} failed "
-            f"({exc.strerror or exc}); nothing was moved. Let this process rename {failed} (write permission on it "
-            f"and on {root}), or move {names} out of {root} yourself, or resume from the newest "
-            "(resume_from_checkpoint=True)"
+            f"cannot start training at step {start}: {root} holds {names}, checkpoints of an earlier run past that "
+            f"step, where this run saves its own, and moving {failed.name} aside into {target} failed "
+            f"({exc.strerror or exc}); nothing was moved. Give this process write permission on {failed} and "
+            f"{root}, or move {names} out of {root} yourself, or resume from the newest (resume_from_checkpoint=True)"
         ) from exc
     return target
 
@@ -140,7 +139,6 @@ def _refuse_left(ctx: DistContext, root: Path, start: int, resumed: Optional[Pat
         main = f"moved those it sees into {target}" if target else "sees none"
         raise CheckpointError(
             f"process {ctx.rank} sees {names} in {root}, past step {start} where this run starts (the main process "
-            f"{main}): "
-            f"output_dir is not one folder shared by every process. Move {names} out of {root} on every machine "
-            "that has them, then start again"
+            f"{main}): output_dir is not one folder shared by every process; move {names} out of {root} on every "
+            "machine that has them, then start again"
         )
