@@ -1,4 +1,4 @@
-"""Issue 26: a stock run's shuffle is continued in its own order, and a stock folder ahead is met before training.
+"""Issue 26: a stock run's shuffle is continued in its own order, also below a stock folder ahead (moved aside).
 
 Stock ``transformers.Trainer`` (``accelerator_config.use_seedable_sampler=True``, its default) and stock
 Accelerate with ``use_seedable_sampler=True`` draw epoch ``e`` as the permutation of a generator seeded with
@@ -8,12 +8,11 @@ Accelerate with ``use_seedable_sampler=True`` draw epoch ``e`` as the permutatio
 from __future__ import annotations
 
 import accelerate
-import pytest
 import torch
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import Accelerator, CheckpointError
+from accelerate_stateful import Accelerator
 from accelerate_stateful.loaders.shard import ShardDataLoader
 from accelerate_stateful._context import DistContext
 from test_stock_checkpoints import _reset, _trainer, _weights
@@ -47,20 +46,23 @@ def test_a_shuffled_stock_trainer_checkpoint_continues_the_stock_order_exactly(t
     assert "does not record" not in caplog.text
 
 
-def test_resuming_below_a_newer_stock_checkpoint_is_refused_before_the_first_step(tmp_path):
+def test_resuming_below_a_newer_stock_checkpoint_moves_it_aside_and_continues_the_stock_order(tmp_path):
     from transformers import Trainer
 
     from accelerate_stateful.transformers import stateful
 
+    reference = []
+    uninterrupted = _trainer(_shuffled_recording(Trainer), tmp_path / "reference", reference, save_strategy="no")
+    uninterrupted.train()
     out = tmp_path / "run"
     _trainer(_shuffled_recording(Trainer), out, [], stop_at=7).train()  # stock: checkpoint-3, checkpoint-6
     seen = []
     resumed = _trainer(stateful(_shuffled_recording(Trainer)), out, seen)
-    with pytest.raises(CheckpointError, match=r"checkpoint-6 of stock transformers.Trainer, past step 3.*"
-                                              r"resume_from_checkpoint=True\), or move checkpoint-6 out"):
-        resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
-    assert seen == []  # nothing was trained
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3", "checkpoint-6"]
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    assert seen == reference[3:]  # from step 4 on, in the uninterrupted stock run's order
+    assert torch.equal(_weights(resumed), _weights(uninterrupted))
+    (aside,) = out.glob("superseded-*")
+    assert [p.name for p in aside.iterdir()] == ["checkpoint-6"]
 
 
 def _epochs(accelerator_class, epochs=3):

@@ -99,6 +99,8 @@ NOT_DRAWN: dict[str, str] = {
     "integrations/transformers.py": "the 🤗 Trainer drives the same Accelerator (docs/trainer.md)",
     "integrations/_trainer_checkpoints.py": "the Trainer's checkpoint-N folders (docs/trainer.md)",
     "integrations/_trainer_stock.py": "a stock Trainer's checkpoint-N, resumed as stock Trainer does (docs/switching.md)",
+    "integrations/_trainer_ahead.py": "checkpoint-N past a Trainer run's starting step, moved aside before it "
+                                      "(docs/switching.md)",
     "integrations/_trainer_compat.py": "what the Trainer integration relies on inside transformers",
     "cli/_main.py": "the command line reads checkpoints through checkpoint/ (docs/cli.md)",
     "cli/_read.py": "the command line's reading of a checkpoint (docs/cli.md)",

@@ -38,7 +38,7 @@ from ..checkpoint import _resume
 from ..loaders._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ._trainer_checkpoints import checkpoint_step, clear_leftover, latest_trainer_checkpoint, rotate_after_save
-from . import _trainer_stock
+from . import _trainer_ahead, _trainer_stock
 from ._trainer_compat import SUPPORTED_TRANSFORMERS, check_transformers, hf_trainer, swapped
 from ..accelerator import Accelerator
 from ..errors import StatefulLoaderError, UnsupportedConfigError
@@ -119,8 +119,6 @@ class StatefulTrainerMixin:
     def train(self, resume_from_checkpoint: Union[str, bool, None] = None, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; ``resume_from_checkpoint=True`` takes the newest complete checkpoint, or starts fresh."""
         self._resume_dir = self._checkpoint_to_resume(resume_from_checkpoint)
-        if self.args.save_strategy != "no":  # decided before the first step: a save never meets a stock folder
-            _trainer_stock.refuse_stock_ahead(DistContext.detect(), Path(self.args.output_dir), self._resume_dir)
         if self._resume_dir is not None and not self._resume_stock:  # every byte checked before the model loads
             self._resume_manifest = _resume.verify_once(DistContext.detect(), self._resume_dir)
         if resume_from_checkpoint and self.args.ignore_data_skip and not self._resume_stock:
@@ -128,6 +126,8 @@ class StatefulTrainerMixin:
                 "ignore_data_skip=True asks to start the resumed epoch from its first batch, but this Trainer "
                 "resumes the data position exactly; drop ignore_data_skip, or resume with transformers.Trainer"
             )
+        if self.args.save_strategy != "no":  # once the run is accepted, before the first step: no save meets them
+            _trainer_ahead.move_aside(DistContext.detect(), Path(self.args.output_dir), self._resume_dir)
         if self._preemption is not None:
             self._preemption.install()
         try:
