@@ -8,8 +8,9 @@ the loader takes the shares' batches round-robin from share 0 (``loaders/_stream
 such a stream on one rank: global step ``N`` is its batches ``N * W`` to ``N * W + W - 1``, one per rank
 (with ``split_batches``, its batch ``N`` cut in ``W``).
 
-That layout holds from the epoch's start while every share runs. Each share's saved counts (the items it
-read, the index of its next item, the batches taken from it) are checked against it, so an epoch continued
+That layout holds from the epoch's start while every share runs. Each share's saved counts (the batches
+taken from it, the index of its next item) are checked against it: a share reads nothing past its last
+batch, so its next index must follow the last item of the batches the layout gives it. An epoch continued
 on another number of processes or with another batch size, or one whose stream ended, is refused with the
 reason, never guessed. Only steps already taken are answered: when a stream ends depends on its sources'
 lengths, which a checkpoint does not record.
@@ -100,13 +101,13 @@ def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, 
         trouble = "the dispatcher's reader and the processes' steps do not line up from the epoch's start"
     for w, snap in enumerate(stream["snapshots"]):
         taken = -(-(steps - w) // found.shares) if steps > w else 0
-        items = 0 if snap is None else snap["items"]
+        items, index = taken * batch, 0 if snap is None else snap["dataset"]["index"]
         if snap is not None and snap.get("ended"):
             trouble = f"worker share {w} reached the end of the stream in this epoch"
-        elif stream["taken"][w] != taken or items != taken * batch or (
-                items and snap["dataset"]["index"] != share_items(w, found.shares, found.skip, [items - 1])[0] + 1):
-            trouble = trouble or (f"worker share {w} read {items} items for {stream['taken'][w]} batches, not "
-                                  f"{taken} batches of {batch} from the epoch's start")
+        elif stream["taken"][w] != taken or (items and index != share_items(w, found.shares, found.skip,
+                                                                             [items - 1])[0] + 1):
+            trouble = trouble or (f"worker share {w} stands at sample {index} after {stream['taken'][w]} batches, "
+                                  f"not after {taken} batches of {batch} from the epoch's start")
     if trouble:
         raise NotAnswerable(
             f"this checkpoint's epoch is not laid out as one run from its start ({trouble}): it was continued on "
