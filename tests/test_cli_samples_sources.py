@@ -75,7 +75,11 @@ def _configs(count: int = 8) -> list:
 def _run(loaders: list, steps: int, passes: list) -> list[list[list[int]]]:
     """Each rank's next ``steps`` batches; the passes stay in progress (kept in ``passes``) for the save."""
     passes += [iter(loader) for loader in loaders]
-    return [[next(it).tolist() for _ in range(steps)] for it in passes[-len(loaders):]]
+    return [[_plain(next(it)) for _ in range(steps)] for it in passes[-len(loaders):]]
+
+
+def _plain(batch):
+    return batch.tolist() if isinstance(batch, torch.Tensor) else batch
 
 
 def _saved(tmp_path, name: str, loaders: list):
@@ -111,3 +115,95 @@ def test_samples_name_the_source_and_document_the_loaders_and_their_resumed_runs
     assert [b["step"] for b in out["ranks"][0]["batches"]] == [step]
     assert out["ranks"][0]["batches"][0]["samples"] == [
         dict(_named(i), index=k) for i, k in zip((taken[-1] + more[-1])[step], out["ranks"][0]["batches"][0]["indices"])]
+
+
+def _checkpoint(tmp_path, dataset, steps: int = 3, world: int = 2, name: str = "ckpt", **loader):
+    """A checkpoint of ``world`` simulated ranks, each having taken ``steps`` batches of a stream over ``dataset``."""
+    loaders = [IterableShardDataLoader.from_dataloader(DataLoader(dataset, **{"batch_size": 3, **loader}),
+                                                       DistContext(r, world)) for r in range(world)]
+    passes: list = []
+    _run(loaders, steps, passes)
+    return _saved(tmp_path, name, loaders)
+
+
+def _simple(seed: int = 4) -> Mixture:
+    return Mixture({"a": list(range(1000, 1100)), "c": list(range(3000, 3100))}, {"a": 1, "c": 1}, seed=seed)
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(("--remaining",), "steps after the checkpoint depend on when its sources run out", id="remaining"),
+    pytest.param(("--step", 3), "rank 0 had taken 3 steps of epoch 0 .* ask for a step from 0 to 2", id="a-later-step"),
+])
+def test_samples_refuse_a_streams_steps_not_taken_yet_since_its_end_is_not_recorded(tmp_path, args, message):
+    status, out, err = run_cli("samples", _checkpoint(tmp_path, _simple()), *args)
+    assert status == 4 and out == ""
+    assert err.startswith("accelerate-stateful: error: ") and __import__("re").search(message, err)
+
+
+def test_samples_say_which_source_a_packed_or_filtered_child_item_came_from_and_that_its_document_is_unknown(tmp_path):
+    from accelerate_stateful import Filtered
+
+    mix = Mixture({"a": list(range(1000, 1100)), "p": Packed([[7] * 5] * 50, 2),
+                   "f": Filtered(list(range(100)), lambda x: x % 3 == 0)}, {"a": 1, "p": 1, "f": 1}, seed=2)
+    status, out, err = run_cli("samples", _checkpoint(tmp_path, mix, collate_fn=lambda b: torch.tensor(
+        [x if isinstance(x, int) else -1 for x in b])), "--consumed", "--rank", "0")
+    assert status == 4 and "a:" in out and "p:(item " in out and "f:(item " in out
+    assert "its item" in err and ("documents' lengths" in err or "predicate" in err)
+
+
+def _even(item: int) -> bool:
+    return item % 2 == 0
+
+
+@pytest.mark.parametrize("outer, message", [
+    pytest.param(lambda: Packed(Mixture({"a": [[i] * 3 for i in range(99)], "c": [[i] * 2 for i in range(99)]},
+                                        {"a": 1, "c": 1}), 2),
+                 "outermost source is a Packed: which documents a packed row is cut from depends on the documents' "
+                 "lengths", id="packed"),
+    pytest.param(lambda: __import__("accelerate_stateful").Filtered(_simple(), _even),
+                 "outermost source is a Filtered: which items a Filtered keeps depends on its predicate", id="filtered"),
+])
+def test_samples_refuse_a_stream_whose_outermost_source_hides_its_documents(tmp_path, outer, message):
+    status, out, err = run_cli("samples", _checkpoint(tmp_path, outer()), "--consumed")
+    assert status == 4 and out == "" and message in err
+
+
+def test_samples_of_a_checkpoint_written_before_mixtures_recorded_their_seed_say_why_they_cannot_answer(tmp_path):
+    ckpt = _checkpoint(tmp_path, _simple(), world=1)
+    state = _files.read_loader_state(ckpt, 0, 0)
+    for snap in state["stream"]["snapshots"]:
+        del snap["dataset"]["position"]["seed"]
+    old = save_checkpoint(tmp_path / "old", [[state]])
+    status, _, err = run_cli("samples", old, "--consumed")
+    assert status == 4 and "written before a Mixture recorded its seed" in err
+
+
+def test_samples_refuse_an_epoch_continued_with_another_batch_size(tmp_path):
+    ckpt = _checkpoint(tmp_path, _simple(), world=1, drop_last=True)
+    resumed = IterableShardDataLoader.from_dataloader(DataLoader(_simple(), batch_size=2, drop_last=True),
+                                                      DistContext(0, 1))
+    resumed.load_state_dict(_files.read_loader_state(ckpt, 0, 0))
+    passes: list = []
+    _run([resumed], 2, passes)
+    status, _, err = run_cli("samples", _saved(tmp_path, "rebatched", [resumed]), "--consumed")
+    assert status == 4 and "is not laid out as one run from its start" in err
+
+
+def test_a_mixture_resumed_with_another_seed_is_refused_since_every_later_source_would_differ(tmp_path):
+    from accelerate_stateful.errors import CheckpointError
+
+    state = _files.read_loader_state(_checkpoint(tmp_path, _simple(4), world=1), 0, 0)
+    mix = _simple(5)
+    with pytest.raises(CheckpointError, match=r"drew its sources with seed=4, this one draws with seed=5.*seed=4\)"):
+        mix.load_state_dict(state["stream"]["snapshots"][0]["dataset"])
+
+
+def test_samples_of_a_mixture_stream_import_neither_torch_nor_numpy(tmp_path):
+    """Issue 26 and 28: the source and document of each sample follow from the saved positions; no torch."""
+    from test_cli_imports import HEAVY, _imported
+
+    ckpt = _checkpoint(tmp_path, Mixture({"a": list(range(1000, 1100)), "inner": _simple()}, Ramp(
+        2, 9, {"a": 1, "inner": 0}, {"a": 1, "inner": 3}, block=2), seed=3))
+    status, imported, out = _imported("samples", ckpt, "--step", "2", "--json")
+    assert status == 0 and json.loads(out)["ranks"][1]["batches"][0]["samples"]
+    assert not imported & set(HEAVY), f"imported {sorted(imported & set(HEAVY))}"

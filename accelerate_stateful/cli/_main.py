@@ -271,7 +271,7 @@ def _format_samples(out: dict) -> str:
                      f"{out['epoch']}: {rank['batches_taken']}{of} batches taken")
         if rank["batches_in_epoch"] is None:
             lines.append("# each sample as source:document (the document's index in that source's order this "
-                         "epoch; ? where the checkpoint cannot tell)")
+                         "epoch; (item N): its N-th item this epoch, where the checkpoint cannot tell which document)")
         if rank["stripe_origin"]:
             lines.append(f"# steps count from sample {rank['stripe_origin']} of the epoch: the samples before it "
                          "were taken on another number of processes")
@@ -285,4 +285,5 @@ def _shown(batch: dict, i: int) -> str:
     if "samples" not in batch:
         return str(batch["indices"][i])
     sample = batch["samples"][i]
-    return f"{sample['source']}:{'?' if sample['document'] is None else sample['document']}"
+    document = sample["document"] if sample["document"] is not None else f"(item {sample['item']})"
+    return f"{sample['source']}:{document}"
