@@ -93,7 +93,10 @@ def _answers(ckpt) -> list[list[list[dict]]]:
 
 
 @pytest.mark.parametrize("cfg", _configs())
-def test_samples_name_the_source_and_document_the_loaders_and_their_resumed_runs_yielded(tmp_path, cfg):
+def test_samples_name_the_source_and_document_the_loaders_and_their_resumed_runs_yielded(tmp_path, cfg, monkeypatch):
+    from accelerate_stateful.cli import _composed
+
+    monkeypatch.setattr(_composed, "PYTHON_SWEEP", 20_000 if cfg["seed"] % 2 else 0)  # half the sweeps by numpy
     world, (first, second) = cfg["world"], cfg["stops"]
     loaders = [_loader(cfg, r, cfg["workers"][0]) for r in range(world)]
     if cfg["skip"]:
@@ -207,3 +210,19 @@ def test_samples_of_a_mixture_stream_import_neither_torch_nor_numpy(tmp_path):
     status, imported, out = _imported("samples", ckpt, "--step", "2", "--json")
     assert status == 0 and json.loads(out)["ranks"][1]["batches"][0]["samples"]
     assert not imported & set(HEAVY), f"imported {sorted(imported & set(HEAVY))}"
+
+
+@pytest.mark.parametrize("schedule", [
+    pytest.param([[0, {"a": 1, "b": 2, "c": 0.5}]], id="weights"),
+    pytest.param([[0, {"stages": [[0, {"a": 1, "b": 0}], [70, {"ramp": {"start": 80, "end": 300, "from": {"a": 1, "b": 0},
+                                                                      "to": {"a": 0, "b": 1}, "block": 7}}]]}],
+                  [150, {"a": 1, "b": 1, "c": 1}]], id="stages-ramp-and-a-source-added"),
+])
+def test_the_sources_drawn_with_numpy_for_a_long_sweep_are_the_mixtures_own_draws(schedule):
+    from accelerate_stateful.cli._composed import _picked, _picked_numpy
+    from accelerate_stateful.sources.schedule import Picker
+
+    for seed, epoch in ((0, 0), (2**63 + 5, 3)):
+        names = ["a", "b", "c"]
+        assert list(_picked_numpy(Picker(seed, epoch, schedule), names, 13, 400)) == _picked(
+            Picker(seed, epoch, schedule), names, 13, 400)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..sources._mixture_draw import GOLDEN
 from ..sources.schedule import Picker
 from ._read import NotAnswerable
 
@@ -39,6 +40,11 @@ _OPAQUE = (
      "record"),
 )
 _MIXTURE_KEYS = {"next", "schedule", "sources", "drawn", "delivered", "restarts"}
+
+
+# Above this many samples to sweep, importing numpy (about 0.1 s) and drawing them with it is faster than
+# drawing them one by one in Python (a few µs each).
+PYTHON_SWEEP = 20_000
 
 
 class Unknown(str):
@@ -97,16 +103,57 @@ def _sweep(anchor: Mapping[str, Any], ks: list[int], epoch: int) -> tuple[list[s
         )
     pick = Picker(anchor["seed"], epoch, anchor["schedule"])
     first, stop = min(ks), anchor["next"]
-    picked = [pick(k) for k in range(first, stop)]  # one sweep covers every asked index
-    counts = dict.fromkeys(anchor["drawn"], 0)
+    names = sorted(anchor["drawn"])
+    picked = (_picked_numpy if stop - first > PYTHON_SWEEP else _picked)(pick, names, first, stop)
+    counts = [0] * len(names)
     at, i = {}, stop - first
     for k in sorted(set(ks), reverse=True):  # back from the anchor: each source's samples in [k, stop)
-        while i > k - first:
-            i -= 1
-            counts[picked[i]] += 1
-        name = picked[k - first]
-        at[k] = (name, anchor["drawn"][name] - counts[name])
+        i, counts = k - first, _counted_back(picked, i, k - first, counts)
+        name = names[picked[k - first]]
+        at[k] = (name, anchor["drawn"][name] - counts[names.index(name)])
     return [at[k][0] for k in ks], [at[k][1] for k in ks]
+
+
+def _picked(pick: Picker, names: list[str], first: int, stop: int) -> list[int]:
+    """The source (its number in ``names``) of each sample in ``[first, stop)``."""
+    number = {name: i for i, name in enumerate(names)}
+    return [number[pick(k)] for k in range(first, stop)]
+
+
+def _picked_numpy(pick: Picker, names: list[str], first: int, stop: int) -> Any:
+    """:func:`_picked` with numpy, bit for bit (SplitMix64 wraps as uint64 arithmetic does), a table's span at a
+    time."""
+    import numpy as np
+
+    found = np.empty(stop - first, dtype=np.int64)
+    k = first
+    while k < stop:
+        table = pick.table(k)
+        end = int(min(pick.until, stop))
+        ks = np.arange(k, end, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            z = np.uint64(pick.key) + ks * np.uint64(GOLDEN) + np.uint64(GOLDEN)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+        u = (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+        column = np.searchsorted(np.array(table.cumulative), u, side="right")
+        found[k - first:end - first] = np.array([names.index(n) for n in table.names])[column]
+        k = end
+    return found
+
+
+def _counted_back(picked: Any, start: int, stop: int, counts: list[int]) -> list[int]:
+    """``counts`` (per source, samples in ``[start, end)``) extended back to ``[stop, end)``."""
+    if start <= stop:
+        return counts
+    part = picked[stop:start]
+    if hasattr(part, "dtype"):
+        import numpy as np
+
+        more = np.bincount(part, minlength=len(counts))
+        return [c + int(m) for c, m in zip(counts, more)]
+    return [c + part.count(i) for i, c in enumerate(counts)]
 
 
 def _child_items(anchor: Mapping[str, Any], name: str, items: list[int], epoch: int) -> list[dict]:

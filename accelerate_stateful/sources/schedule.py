@@ -243,11 +243,24 @@ class Picker:
         self._table: Union[Table, None] = None
         self._from, self._until = 0, -1.0  # the indices [from, until) self._table draws for (none yet)
 
+    @property
+    def key(self) -> int:
+        """The epoch's draw key: sample ``k``'s uniform is ``uniform(key, k)``."""
+        return self._key
+
     def __call__(self, k: int) -> str:
+        return self.table(k).pick(uniform(self._key, k))
+
+    def table(self, k: int) -> Table:
+        """The table sample ``k`` draws from; it holds up to :attr:`until` (exclusive)."""
         if not self._from <= k < self._until:
             entry = in_effect(self._schedule, k)
             weights, until = self._plans[entry].span(k)
             if entry + 1 < len(self._schedule):
                 until = min(until, self._schedule[entry + 1][0])
             self._table, self._from, self._until = Table(weights), k, until
-        return self._table.pick(uniform(self._key, k))
+        return self._table
+
+    @property
+    def until(self) -> float:
+        return self._until
