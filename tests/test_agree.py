@@ -93,6 +93,8 @@ def _still_valid(make, state, path, damage) -> bool:
         return True  # a bool field given another bool
     if path[-1] == "seq_len" and damage == "delete":
         return True  # a position written before Packed recorded its seq_len
+    if path[-1] == "seed" and "schedule" not in path and damage == "delete":
+        return True  # a position written before Mixture recorded its seed
     if path[-1] == "tokens" and damage == "delete":
         return True  # a position written before Mixture counted tokens
     if "carry" in path and damage == -1:

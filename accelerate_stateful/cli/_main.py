@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 
 from ..checkpoint import _integrity
 from ..checkpoint import _state as S
-from . import _check_resume, _indices
+from . import _check_resume, _composed, _indices, _streams
 from ._position import with_reader
 from ._diff import diff_reports, format_diff
 from ._read import (Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint,
@@ -185,6 +185,8 @@ def _samples(args: argparse.Namespace) -> int:
     if not all(0 <= r < world for r in ranks):
         raise _UsageError(f"--rank {args.rank}: the {'resumed run' if args.world_size else 'checkpoint'} has "
                           f"{world} rank(s), numbered from 0")
+    if _streams.is_composed(with_reader(states, 0)):
+        return _composed_samples(ckpt, states, ranks, world, args)
     require_map_style(with_reader(states, 0))
     if not all(_indices.answerable(states, r, world) for r in ranks):  # the loaders, rebuilt, take the tensors
         states = open_checkpoint(args.checkpoint, with_tensors=True).rank_states(args.loader)
@@ -227,14 +229,61 @@ def _answerer(states: list, rank: int, world: int) -> tuple[int, int, int, Calla
     return loader.batches_yielded, len(loader), loader.epoch, functools.partial(rank_batches, loader)
 
 
+def _composed_samples(ckpt: Checkpoint, states: list, ranks: Sequence[int], world: int,
+                      args: argparse.Namespace) -> int:
+    """``samples`` of a stream over a composable source: each taken step's samples as (source, document)."""
+    if args.remaining or world != ckpt.world_size:
+        raise NotAnswerable(
+            "a stream's steps after the checkpoint depend on when its sources run out, and the checkpoint does not "
+            "record their lengths; ask for the steps taken: --consumed, or --step N below the steps taken"
+        )
+    found = []
+    for rank in ranks:
+        layout = _streams.layout(with_reader(states, rank), world)
+        if args.step is not None and not 0 <= args.step < layout.taken:
+            if args.step < 0:
+                raise _UsageError(f"--step {args.step}: steps are numbered from 0")
+            raise NotAnswerable(
+                f"--step {args.step}: rank {rank} had taken {layout.taken} steps of epoch {layout.epoch} at this "
+                "checkpoint, and what a stream's later steps hold depends on when its sources run out, which the "
+                f"checkpoint does not record; ask for a step from 0 to {layout.taken - 1}, or --consumed"
+            )
+        steps = range(layout.taken) if args.consumed else [args.step]
+        items = [_streams.step_items(layout, step) for step in steps]
+        named = iter(_composed.name_items(list(layout.anchors), [k for ks in items for k in ks], layout.epoch))
+        batches = [{"step": step, "indices": ks, "samples": [dict(next(named), index=k) for k in ks]}
+                   for step, ks in zip(steps, items)]
+        found.append({"rank": rank, "batches_taken": layout.taken, "batches_in_epoch": None, "stripe_origin": 0,
+                      "batches": batches})
+    out = {"schema_version": SCHEMA_VERSION, "checkpoint": str(ckpt.path), "loader": args.loader,
+           "epoch": states[0][S.EPOCH], "world_size": world, "elastic": False, "ranks": found}
+    _print(out, args.json, _format_samples(out))
+    unknown = [s["unknown"] for r in found for b in r["batches"] for s in b["samples"] if s.get("unknown")]
+    return _fail(unknown[0], NOT_APPLICABLE) if unknown else OK
+
+
 def _format_samples(out: dict) -> str:
     lines = []
     for rank in out["ranks"]:
         elastic = " after an elastic resume" if out["elastic"] else ""
+        of = "" if rank["batches_in_epoch"] is None else f" of {rank['batches_in_epoch']}"
         lines.append(f"# loader {out['loader']}, rank {rank['rank']} of {out['world_size']}{elastic}, epoch "
-                     f"{out['epoch']}: {rank['batches_taken']} of {rank['batches_in_epoch']} batches taken")
+                     f"{out['epoch']}: {rank['batches_taken']}{of} batches taken")
+        if rank["batches_in_epoch"] is None:
+            lines.append("# each sample as source:document (the document's index in that source's order this "
+                         "epoch; (item N): its N-th item this epoch, where the checkpoint cannot tell which document)")
         if rank["stripe_origin"]:
             lines.append(f"# steps count from sample {rank['stripe_origin']} of the epoch: the samples before it "
                          "were taken on another number of processes")
-        lines += [f"step {b['step']}: {' '.join(map(str, b['indices']))}" for b in rank["batches"]]
+        lines += [f"step {b['step']}: {' '.join(_shown(b, i) for i in range(len(b['indices'])))}"
+                  for b in rank["batches"]]
     return "\n".join(lines)
+
+
+def _shown(batch: dict, i: int) -> str:
+    """A sample of a batch: its dataset index, or for a composable source ``source:document``."""
+    if "samples" not in batch:
+        return str(batch["indices"][i])
+    sample = batch["samples"][i]
+    document = sample["document"] if sample["document"] is not None else f"(item {sample['item']})"
+    return f"{sample['source']}:{document}"

@@ -23,11 +23,11 @@ from typing import Any, Mapping
 from ..errors import UnsupportedConfigError
 
 _MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
+GOLDEN = 0x9E3779B97F4A7C15
 
 
 def _mix(z: int) -> int:
-    z = (z + _GOLDEN) & _MASK
+    z = (z + GOLDEN) & _MASK
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
     return z ^ (z >> 31)
@@ -40,7 +40,7 @@ def draw_key(seed: int, epoch: int) -> int:
 
 def uniform(key: int, k: int) -> float:
     """A uniform in ``[0, 1)``, a pure function of ``key`` and ``k`` (53 bits of a SplitMix64 output)."""
-    return (_mix((key + k * _GOLDEN) & _MASK) >> 11) * (1.0 / (1 << 53))
+    return (_mix((key + k * GOLDEN) & _MASK) >> 11) * (1.0 / (1 << 53))
 
 
 class Table:
@@ -55,10 +55,10 @@ class Table:
             cumulative.append(running)
         last = max(i for i, name in enumerate(self.names) if weights[name] > 0)
         cumulative[last:] = [1.0] * (len(cumulative) - last)  # u < 1 lands on a positive weight, whatever the rounding
-        self._cumulative = cumulative
+        self.cumulative = cumulative  # source i takes the uniforms below cumulative[i] (and above the one before)
 
     def pick(self, u: float) -> str:
-        return self.names[bisect.bisect_right(self._cumulative, u)]
+        return self.names[bisect.bisect_right(self.cumulative, u)]
 
 
 def proportions(weights: Mapping[str, float]) -> dict[str, float]:

@@ -86,6 +86,8 @@ def _well_formed(position: Mapping[str, Any]) -> bool:
             return False
     except (UnsupportedConfigError, ValueError, TypeError, KeyError):
         return False
+    if "seed" in position and (isinstance(position["seed"], bool) or not isinstance(position["seed"], int)):
+        return False
     counts_ok = all(set(position[key]) == names and all(map(_count, position[key].values())) for key in counts)
     return counts_ok and _count(position["next"])
 

@@ -9,10 +9,10 @@ from torch.utils.data import get_worker_info
 
 from .. import _log
 from ._global import GlobalStream, check_child, check_source, open_source
-from ._mixture_draw import Table, draw_key, in_effect, uniform
+from ._mixture_draw import in_effect
 from ._mixture_state import checked_position, schedule_of, source_counts, start_position, token_count
-from .schedule import Ramp, Schedule, Stages, check_plan, extend, plan_from_json, plan_json, same_plan, show_plan
-from ..errors import UnsupportedConfigError
+from .schedule import Picker, Ramp, Schedule, Stages, check_plan, extend, plan_json, same_plan, show_plan
+from ..errors import CheckpointError, UnsupportedConfigError
 
 logger = _log.get_logger(__name__)
 
@@ -45,6 +45,8 @@ class Mixture(GlobalStream):
 
     State dict (under ``GlobalStream``'s ``{"index", "position"}``; ``position``):
         next: the global index of the next sample.
+        seed: the seed of the draws (absent from a checkpoint written before it was recorded; a resume with
+            another seed is refused, since every later sample would come from other sources).
         schedule: ``[[from_index, plan], ...]``, the weights in effect from each index on: a plan is
             ``{name: weight}``, or a ``Stages``/``Ramp`` schedule's JSON form (``schedule.plan_json``).
         sources: each source's position (its next index, or its own ``state_dict()``; ``None``: its start).
@@ -127,13 +129,24 @@ class Mixture(GlobalStream):
 
     def check_position(self, position: Any) -> None:
         found = checked_position(position, self.names)
+        self._check_seed(position)
         for name in self.names:
             check_child(self.sources[name], found["sources"][name])
+
+    def _check_seed(self, position: dict) -> None:
+        saved = position.get("seed", self.seed)  # (not recorded before ``samples`` named a mixture's documents)
+        if saved != self.seed:
+            raise CheckpointError(
+                f"the checkpoint's Mixture drew its sources with seed={saved!r}, this one draws with seed={self.seed}, "
+                f"so every sample after the resume would come from other sources; resume with Mixture(..., "
+                f"seed={saved!r}), or start a fresh run"
+            )
 
     def open(self, position: Optional[Any], epoch: int) -> "_Cursor":
         if position is None:
             return _Cursor(self, start_position(self.names, plan_json(self._plan)), epoch)
         found = checked_position(position, self.names)
+        self._check_seed(position)
         if not position.get("agreed") and not same_plan(found["schedule"][-1][1], plan_json(self._plan)):
             found["schedule"] = self._switch_alone(found)
         return _Cursor(self, found, epoch)
@@ -216,11 +229,8 @@ class _Cursor:
     def __init__(self, mixture: Mixture, position: dict, epoch: int) -> None:
         self._sources, self._epoch = mixture.sources, epoch
         self._restart, self._limit = mixture.on_exhausted == RESTART, mixture.samples_per_epoch
-        self._key = draw_key(mixture.seed, epoch)
-        self._schedule = position["schedule"]
-        self._plans = [plan_from_json(plan) for _, plan in self._schedule]
-        self._table: Optional[Table] = None
-        self._until: float = -1  # the first index self._table does not draw (-1: none drawn yet)
+        self._seed, self._schedule = mixture.seed, position["schedule"]
+        self._pick = Picker(mixture.seed, epoch, self._schedule)
         self._k = position["next"]
         self._saved = position["sources"]  # positions of the sources not opened yet
         self._cursors: dict[str, Any] = {}
@@ -235,9 +245,7 @@ class _Cursor:
         k = self._k
         if self._limit is not None and k >= self._limit:
             raise StopIteration
-        if k >= self._until:  # a new entry, stage or ramp block: its weights
-            self._table, self._until = self._weights_from(k)
-        name = self._table.pick(uniform(self._key, k))
+        name = self._pick(k)
         item = self._read(name)  # StopIteration: a drawn source ended, and so does the epoch
         self._k = k + 1
         self._drawn[name] += 1
@@ -245,14 +253,6 @@ class _Cursor:
             self._delivered[name] += 1
             self._tokens[name] += token_count(item)
         return item
-
-    def _weights_from(self, k: int) -> tuple[Table, float]:
-        """The table of sample ``k``'s weights, and the first index it may not hold for."""
-        entry = in_effect(self._schedule, k)
-        weights, until = self._plans[entry].span(k)
-        if entry + 1 < len(self._schedule):
-            until = min(until, self._schedule[entry + 1][0])
-        return Table(weights), until
 
     def _read(self, name: str) -> Any:
         cursor = self._cursors.get(name)
@@ -280,6 +280,7 @@ class _Cursor:
         }
         return {
             "next": self._k,
+            "seed": self._seed,
             "schedule": copy.deepcopy(self._schedule),
             "sources": sources,
             "drawn": dict(self._drawn),

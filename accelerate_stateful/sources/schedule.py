@@ -16,7 +16,7 @@ import numbers
 from typing import Any, Mapping, Sequence, Union
 
 from ..errors import UnsupportedConfigError
-from ._mixture_draw import check_weights, same_weights, show_weights
+from ._mixture_draw import Table, check_weights, draw_key, in_effect, same_weights, show_weights, uniform
 
 NEVER = float("inf")  # the end of a span of weights that never change
 
@@ -226,3 +226,41 @@ def extend(schedule: list, at: int, plan: Any) -> list:
     if kept and same_plan(kept[-1][1], plan):
         return kept
     return kept + [[int(at), plan]]
+
+
+class Picker:
+    """The source a mixture draws for global sample ``k`` under a recorded schedule, in ``epoch``: what its
+    cursor reads (``mixture._Cursor``) and what ``accelerate-stateful samples`` names, without reading a source.
+
+    One table of weights is kept for the span of indices it holds for (a stage, a ramp's block), so a run of
+    consecutive ``k`` builds a table per span, not per sample.
+    """
+
+    def __init__(self, seed: int, epoch: int, schedule: list) -> None:
+        self._key = draw_key(seed, epoch)
+        self._schedule = schedule
+        self._plans = [plan_from_json(plan) for _, plan in schedule]
+        self._table: Union[Table, None] = None
+        self._from, self._until = 0, -1.0  # the indices [from, until) self._table draws for (none yet)
+
+    @property
+    def key(self) -> int:
+        """The epoch's draw key: sample ``k``'s uniform is ``uniform(key, k)``."""
+        return self._key
+
+    def __call__(self, k: int) -> str:
+        return self.table(k).pick(uniform(self._key, k))
+
+    def table(self, k: int) -> Table:
+        """The table sample ``k`` draws from; it holds up to :attr:`until` (exclusive)."""
+        if not self._from <= k < self._until:
+            entry = in_effect(self._schedule, k)
+            weights, until = self._plans[entry].span(k)
+            if entry + 1 < len(self._schedule):
+                until = min(until, self._schedule[entry + 1][0])
+            self._table, self._from, self._until = Table(weights), k, until
+        return self._table
+
+    @property
+    def until(self) -> float:
+        return self._until

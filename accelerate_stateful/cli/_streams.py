@@ -1,0 +1,148 @@
+"""A stream loader's steps over a composable source, as the source's global item indices (``samples``).
+
+Every rank reads the whole stream (``reading`` ``"whole"``) through ``L`` logical worker shares: share ``w``
+keeps the items ``k`` with ``k % L == w`` (but those left out with ``skip_samples``), cuts them into global
+batches of ``P * W`` items (``P`` per rank on ``W`` ranks) and hands rank ``r`` the ``r``-th ``P`` of each;
+the loader takes the shares' batches round-robin from share 0 (``loaders/_stream``, ``_shares``), so rank
+``r``'s step ``N`` is share ``N % L``'s batch ``N // L``. Under the dispatcher the main process's reader is
+such a stream on one rank: global step ``N`` is its batches ``N * W`` to ``N * W + W - 1``, one per rank
+(with ``split_batches``, its batch ``N`` cut in ``W``).
+
+That layout holds from the epoch's start while every share runs. Each share's saved counts (the batches
+taken from it, the index of its next item) are checked against it: a share reads nothing past its last
+batch, so its next index must follow the last item of the batches the layout gives it. An epoch continued
+on another number of processes or with another batch size, or one whose stream ended, is refused with the
+reason, never guessed. Only steps already taken are answered: when a stream ends depends on its sources'
+lengths, which a checkpoint does not record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..checkpoint import _state as S
+from ..position._skips import of_epoch
+from ._composed import is_mixture, opaque_kind
+from ._read import NotAnswerable
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one rank's steps map to global item indices: see the module docstring."""
+
+    shares: int  # L, the epoch's logical worker shares
+    per_rank: int  # P
+    world: int  # W
+    rank: int
+    taken: int  # this rank's steps taken in the epoch
+    epoch: int
+    skip: tuple  # the epoch's [start, stop) ranges left out
+    anchors: tuple  # each share's saved outermost position (``None``: not read yet)
+    dispatched: bool = False
+    split: bool = False
+
+
+def is_composed(state: Mapping[str, Any]) -> bool:
+    """Whether ``state`` is of a stream loader (or a dispatcher reading one) over a package's composable source."""
+    reader = _reader(state)
+    if reader is None:
+        return False
+    datasets = [snap.get("dataset") for snap in reader[S.STREAM].get("snapshots") or [] if snap is not None]
+    return bool(datasets) and all(isinstance(d, Mapping) and {"index", "position"} <= set(d) for d in datasets)
+
+
+def _reader(state: Mapping[str, Any]) -> Any:
+    if state.get(S.MODE) == S.DISPATCH_MODE:
+        state = state.get(S.BASE)
+    return state if isinstance(state, Mapping) and state.get(S.MODE) == S.STREAM_MODE else None
+
+
+def layout(state: Mapping[str, Any], world: int) -> Layout:
+    """The layout of the rank whose state this is, after checking the saved counts agree with it."""
+    reader, dispatched = _reader(state), state[S.MODE] == S.DISPATCH_MODE
+    stream, config = reader[S.STREAM], state[S.CONFIG]
+    if stream.get("reading") != "whole":
+        raise NotAnswerable("this stream is split between the processes by its own shards, not read whole by each; "
+                            "samples names the items of the package's composable sources read whole")
+    outer = [snap["dataset"]["position"] for snap in stream["snapshots"] if snap is not None]
+    _refuse_opaque(outer)
+    split = bool(config.get("split_batches"))
+    per_rank = config["batch_size"] // world if split else config["batch_size"]
+    found = Layout(
+        shares=stream["workers"], per_rank=per_rank, world=world, rank=state[S.TOPOLOGY]["rank"],
+        taken=state[S.BATCHES_YIELDED], epoch=state[S.EPOCH], skip=tuple(map(tuple, of_epoch(
+            reader.get(S.SKIPPED, []), reader[S.EPOCH]))),
+        anchors=tuple(None if snap is None else snap["dataset"]["position"] for snap in stream["snapshots"]),
+        dispatched=dispatched, split=split)
+    _check_counts(found, reader, state)
+    return found
+
+
+def _refuse_opaque(outer: list) -> None:
+    for position in outer:
+        if position is None or is_mixture(position):
+            continue
+        opaque = opaque_kind(position)
+        why = f"its outermost source is a {opaque[0]}: {opaque[1]}" if opaque else "its outermost source's position " \
+              "is not one samples can read"
+        raise NotAnswerable(f"this stream's samples cannot be named from the checkpoint: {why}; samples names "
+                            "the source and document of each sample of a Mixture (with any sources below it)")
+
+
+def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose saved counts are not those of the layout from the epoch's start."""
+    stream = reader[S.STREAM]
+    batch = found.per_rank * (found.world if found.split or not found.dispatched else 1)  # a share's batch
+    steps = reader[S.BATCHES_YIELDED]
+    expected_steps = found.taken * (1 if found.split or not found.dispatched else found.world)
+    trouble = None
+    if found.dispatched and (steps != expected_steps or any(state.get("step_origin") or [])):
+        trouble = "the dispatcher's reader and the processes' steps do not line up from the epoch's start"
+    for w, snap in enumerate(stream["snapshots"]):
+        taken = -(-(steps - w) // found.shares) if steps > w else 0
+        items, index = taken * batch, 0 if snap is None else snap["dataset"]["index"]
+        if snap is not None and snap.get("ended"):
+            trouble = f"worker share {w} reached the end of the stream in this epoch"
+        elif stream["taken"][w] != taken or (items and index != share_items(w, found.shares, found.skip,
+                                                                             [items - 1])[0] + 1):
+            trouble = trouble or (f"worker share {w} stands at sample {index} after {stream['taken'][w]} batches, "
+                                  f"not after {taken} batches of {batch} from the epoch's start")
+    if trouble:
+        raise NotAnswerable(
+            f"this checkpoint's epoch is not laid out as one run from its start ({trouble}): it was continued on "
+            "another number of processes, with another batch size, or its stream ended, and samples names a "
+            "stream's samples only for an epoch read on one topology from its start"
+        )
+
+
+def share_items(w: int, shares: int, skip: tuple, js: list[int]) -> list[int]:
+    """The global indices of share ``w``'s items ``js`` (the ``j``-th item it kept, for each ``j``)."""
+    if not skip:
+        return [w + shares * j for j in js]
+    wanted, found = set(js), {}
+    ranges, k, j, last = list(skip), w, 0, max(js)
+    while j <= last:
+        while ranges and k >= ranges[0][1]:
+            ranges.pop(0)
+        if not (ranges and ranges[0][0] <= k):  # kept: the share's item j
+            if j in wanted:
+                found[j] = k
+            j += 1
+        k += shares
+    return [found[j] for j in js]
+
+
+def step_items(found: Layout, step: int) -> list[int]:
+    """The global item indices of the rank's ``step`` (one taken: ``step < found.taken``)."""
+    per = found.per_rank
+    if found.dispatched:  # the reader's batches: one per rank, or one cut in W
+        size = per * (found.world if found.split else 1)
+        batch = step if found.split else step * found.world + found.rank
+        offset = found.rank * per if found.split else 0
+        share, number = batch % found.shares, batch // found.shares
+        js = [number * size + offset + i for i in range(per)]
+    else:
+        share, number = step % found.shares, step // found.shares
+        js = [number * per * found.world + found.rank * per + i for i in range(per)]
+    return share_items(share, found.shares, found.skip, js)
