@@ -273,11 +273,12 @@ class ShardDataLoader(DataLoaderAdapter):
         self._order = self._base_order.at_world(world)
 
     def _batches(self) -> Iterator[Any]:
-        total = self._plan.num_batches
+        plan = self._plan  # the pass's: the position moves to another plan only after its last batch
+        total = plan.num_batches
         step, batches = self._start_pass(read_ahead=False)
         for batch in batches:
             step += 1
-            self._commit(step)
+            self._consumed = plan.samples_consumed(step)  # ``_commit(step)``, a call less per batch
             self.end_of_dataloader = step == total
             yield self._place(batch)
 
