@@ -87,3 +87,22 @@ def test_an_impossible_plan_is_refused(kwargs, match):
             "even_batches": True}
     with pytest.raises(ValueError, match=match):
         ShardPlan(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("origin", [0, 3, 10])
+def test_strided_run_counts_the_whole_evenly_spaced_batches_from_each_step(origin):
+    for n, batch, world, drop, even, _ in _layouts():
+        if origin > n:
+            continue
+        for rank in range(world):
+            plan = ShardPlan(n, batch, world, rank, drop, even, origin=origin)
+            for step in range(plan.num_batches + 1):
+                run = 0
+                if step < plan.num_batches:
+                    first, _ = plan.batch_span(step)
+                    while step + run < plan.num_batches:
+                        start = first + run * plan.total_batch_size
+                        if plan.batch_span(step + run) != (start, start + batch) or start + batch > n:
+                            break
+                        run += 1
+                assert plan.strided_run(step) == run, (n, batch, world, rank, drop, even, origin, step)

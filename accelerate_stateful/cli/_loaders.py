@@ -115,7 +115,7 @@ def rank_batches(loader: Any, start: int, stop: Optional[int] = None) -> list[li
         if start >= stop:
             return []
         sampler = _PlanBatchSampler()
-        sampler.set_pass(loader._pass_indices(), loader._plan, start, lambda step, indices: indices)
+        sampler.set_pass(loader._pass_indices(), loader._plan, start, None)
         return list(itertools.islice(iter(sampler), stop - start))
     if loader.batches_yielded != start:
         loader._start_epoch(loader.epoch)  # from the epoch's start: a dispatcher's parts depend on its first step

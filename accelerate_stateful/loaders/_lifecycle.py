@@ -217,16 +217,16 @@ class Lifecycle:
         self.leave_boundary()
 
     # ----------------------------------------------------------------- events of a pass
-    def handed(self, record: PassRecord) -> None:
-        """The pass handed a batch to the loop."""
+    def handed(self, record: PassRecord, loader: "DataLoaderAdapter") -> None:
+        """The pass handed a batch to the loop (``loader``: this lifecycle's, as the pass's handle holds it; on every
+        batch, a plain reference costs less than the proxy this lifecycle keeps)."""
         record.handed += 1
-        if record.kind is not Kind.REPLAY:  # a re-run peek is part of re-entering the saved point; a batch is not
-            _training.went_on()
-        _training.handed_out(record)
-        self._loader._activate()
-        if record.trained:
+        # A re-run peek is part of re-entering the saved point; a batch is not.
+        _training.handed_out(record, went_on=record.kind is not Kind.REPLAY)
+        loader._activate()
+        if record.trained and record.kind is Kind.REPLAY:  # ``_promote`` changes nothing for another kind
             self._promote(record)
-        if self._loader._epoch_complete():
+        if loader.end_of_dataloader and loader._epoch_complete():
             self._complete(record)
 
     def _complete(self, record: PassRecord) -> None:

@@ -159,7 +159,7 @@ class PassHandle:
             self._batches = None
             life.failed(record)
             raise
-        life.handed(record)
+        life.handed(record, self._loader)
         if _record_switch.active is not None:  # `accelerate-stateful check-resume` records what was handed out
             _record_switch.active.batch(batch)
         return batch

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Iterator, Mapping, Optional, Sized
+from typing import Any, Callable, Iterator, Mapping, Optional, Sized
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
@@ -40,6 +39,7 @@ LOADER_SETTINGS = (
 )
 
 _WORKER_SALT = 0x5EED
+_CHUNK_SAMPLES = 2048  # indices a pass turns into Python ints at once (whole batches; at least one)
 
 
 class _PlanBatchSampler(Sampler[list[int]]):
@@ -49,21 +49,30 @@ class _PlanBatchSampler(Sampler[list[int]]):
         self._indices = torch.empty(0, dtype=torch.int64)
         self._plan: Optional[ShardPlan] = None
         self._start = 0
-        self._tag: Any = None
+        self._tag: Optional[Callable[[int, list], list]] = None
 
-    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int, tag: Any) -> None:
-        """``tag(step, indices)`` is what the base loader receives for batch ``step`` (see ``_rng``)."""
+    def set_pass(self, indices: torch.Tensor, plan: ShardPlan, start: int,
+                 tag: Optional[Callable[[int, list], list]]) -> None:
+        """``tag(step, indices)`` is what the base loader receives for batch ``step`` (see ``_rng``); ``None``: the
+        indices as they are."""
         self._indices, self._plan, self._start, self._tag = indices, plan, start, tag
 
     def __iter__(self) -> Iterator[list[int]]:
         indices, plan, tag = self._indices, self._plan, self._tag
-        n = plan.num_samples
-        for step in range(self._start, plan.num_batches):
+        size, stride = plan.batch_size, plan.total_batch_size
+        step, end = self._start, plan.num_batches
+        while step < end:
+            # Whole, evenly spaced batches are turned into lists a chunk at a time (one strided view): a tensor
+            # slice per batch would cost more than the rest of the batch's bookkeeping.
+            run = min(plan.strided_run(step), max(1, _CHUNK_SAMPLES // size))
             start, stop = plan.batch_span(step)
-            if stop <= n:
-                yield tag(step, indices[start:stop].tolist())
-            else:
-                yield tag(step, indices[torch.arange(start, stop) % n].tolist())
+            if run:
+                batches = indices[start:start + (run - 1) * stride + size].unfold(0, size, stride).tolist()
+            else:  # a last batch cut short, or completed by wrapping around to the epoch's start
+                batches = [indices[torch.arange(start, stop) % plan.num_samples].tolist()]
+            for batch in batches:
+                yield batch if tag is None else tag(step, batch)
+                step += 1
 
     def __len__(self) -> int:
         return self._plan.num_batches - self._start if self._plan is not None else 0
@@ -264,23 +273,31 @@ class ShardDataLoader(DataLoaderAdapter):
         self._order = self._base_order.at_world(world)
 
     def _batches(self) -> Iterator[Any]:
-        total = self._plan.num_batches
-        for step, batch in self._open_pass(read_ahead=False):
-            self._commit(step)
+        plan = self._plan  # the pass's: the position moves to another plan only after its last batch
+        total = plan.num_batches
+        step, batches = self._start_pass(read_ahead=False)
+        for batch in batches:
+            step += 1
+            self._consumed = plan.samples_consumed(step)  # ``_commit(step)``, a call less per batch
             self.end_of_dataloader = step == total
             yield self._place(batch)
 
     def _open_pass(self, read_ahead: bool = True) -> Iterator[tuple[int, Any]]:
+        step, batches = self._start_pass(read_ahead)
+        for batch in batches:
+            step += 1
+            yield step, batch
+
+    def _start_pass(self, read_ahead: bool) -> tuple[int, Iterator[Any]]:
+        """``(batches already taken, the base loader's batches from there)`` for a pass from the current position."""
         plan = self._plan
         step = plan.steps_for(self._consumed)
         # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
         where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
         pipeline = self._pipeline
-        self._sampler.set_pass(self._pass_indices(), plan, step, functools.partial(pipeline.tag, where))
+        self._sampler.set_pass(self._pass_indices(), plan, step, pipeline.tagger(where))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        for batch in pipeline.fetch(self._open_base(), where, step, read_ahead):
-            step += 1
-            yield step, batch
+        return step, pipeline.fetch(self._open_base(), where, step, read_ahead)
 
     def _commit(self, token: int) -> None:
         self._consumed = self._plan.samples_consumed(token)

@@ -27,6 +27,7 @@ the consumed count when an epoch is continued on a different world size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -36,6 +37,9 @@ def _ceil_div(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class ShardPlan:
     """How one epoch of ``num_samples`` positions is cut into this rank's batches.
+
+    The counts derived from the fields are computed once per plan (``cached_property``: the plan is frozen, and
+    a loader asks them at every batch).
 
     Examples:
         >>> plan = ShardPlan(num_samples=10, batch_size=2, world_size=2, rank=1,
@@ -60,19 +64,19 @@ class ShardPlan:
         if not 0 <= self.origin <= self.num_samples:
             raise ValueError(f"origin {self.origin} is outside the epoch of {self.num_samples} samples")
 
-    @property
+    @cached_property
     def total_batch_size(self) -> int:
         """Samples taken by all ranks together in one step."""
         return self.batch_size * self.world_size
 
-    @property
+    @cached_property
     def _remaining(self) -> int:
         return self.num_samples - self.origin
 
     def _slice_start(self, step: int) -> int:
         return self.origin + step * self.total_batch_size + self.rank * self.batch_size
 
-    @property
+    @cached_property
     def num_batches(self) -> int:
         """How many batches this rank yields in the epoch (from ``origin``)."""
         remaining = self._remaining
@@ -83,7 +87,7 @@ class ShardPlan:
         own_start = self.rank * self.batch_size
         return _ceil_div(remaining - own_start, self.total_batch_size) if remaining > own_start else 0
 
-    @property
+    @cached_property
     def num_steps(self) -> int:
         """How many global steps the epoch has: the batch count of the busiest rank."""
         if self.drop_last:
@@ -103,6 +107,16 @@ class ShardPlan:
         if stop > self.num_samples and not (self.even_batches and not self.drop_last):
             stop = self.num_samples
         return start, stop
+
+    def strided_run(self, step: int) -> int:
+        """How many of this rank's batches from ``step`` on are whole and evenly spaced.
+
+        Each of them is ``batch_size`` positions long, starts ``total_batch_size`` after the one before and ends
+        at or before ``num_samples``: a loader can read them all as one strided view of the epoch's order. The
+        batches after them (a last batch completed by wrapping, or cut short) are not.
+        """
+        last = (self.num_samples - self.origin - (self.rank + 1) * self.batch_size) // self.total_batch_size
+        return max(0, min(self.num_batches, last + 1) - step)
 
     def batch_positions(self, step: int) -> list[int]:
         """The epoch positions of this rank's batch at ``step`` (0-based from ``origin``)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -249,6 +249,13 @@ class PipelineRNG:
             return batch
         return _sample_seeded((*where, step), indices) if self.mode == "sample" else indices
 
+    def tagger(self, where: tuple[int, ...]) -> Optional[Callable[[int, list], list]]:
+        """:meth:`tag` for the pass at ``where``; ``None`` where it would hand the indices back as they are (fetched
+        in the main process, ``mode`` other than ``"sample"``), so that nothing is called per batch."""
+        if not self.in_workers and self.mode != "sample":
+            return None
+        return functools.partial(self.tag, where)
+
     def fetch(self, batches: Iterator[Any], where: tuple[int, ...], step: int, read_ahead: bool) -> Iterator[Any]:
         """Yield from the base loader's iterator, each fetch in the main process inside its batch's scope.
 
@@ -263,18 +270,17 @@ class PipelineRNG:
         scoped = seeded or self.mode == "sample"
         while True:
             key = (*where, step)
-            with preserved_globals() if scoped else _NO_SCOPE:
-                _current = key
-                if seeded:
-                    seed_globals(batch_seed(key))
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    return
-                finally:
-                    _current = None
+            saved = global_states() if scoped else None  # preserved_globals(), without a context per batch
+            _current = key
+            if seeded:
+                seed_globals(batch_seed(key))
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                _current = None
+                if saved is not None:
+                    set_global_states(saved)
             yield batch
             step += 1
-
-
-_NO_SCOPE = contextlib.nullcontext()

@@ -70,12 +70,17 @@ def next_serial() -> int:
     return _serial
 
 
-def handed_out(record: Marked) -> None:
+def handed_out(record: Marked, went_on: bool = True) -> None:
     """``record``'s pass handed out a batch: it is current; passes opened after it no longer are. A current pass
     whose last batch came before ``record``'s pass was opened shares its next step with a later loop (an
-    evaluation at the end of an epoch, then the next epoch's training): that step is not its own."""
-    global _serial
+    evaluation at the end of an epoch, then the next epoch's training): that step is not its own.
+
+    ``went_on``: the batch took the program past its saved point (:func:`went_on`; not a re-run peek's).
+    """
+    global _serial, _events
     _serial += 1
+    if went_on:
+        _events += 1
     record.last_hand, record.foreign = _serial, False
     if len(_current) == 1 and _current[0] is record:  # a plain loop: nothing else to look at, per batch
         return

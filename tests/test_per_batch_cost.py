@@ -1,0 +1,78 @@
+"""What a batch costs in this package's own code, counted in Python calls (noise-free, unlike a timing).
+
+Issue 28 §5: a prepared shuffled map-style loader with 0 workers cost 1.04-1.08x a bare ``DataLoader`` after the
+lifecycle bookkeeping grew to 26 calls of this package per batch. No timing is asserted anywhere (the machine is
+shared); a bound on the calls per batch catches the same growth, and ``docs/benchmarks.md`` section A has the
+figures measured side by side.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+
+import pytest
+import torch
+from accelerate.utils import DataLoaderConfiguration
+from torch.utils.data import DataLoader
+
+import accelerate_stateful
+from accelerate_stateful import Accelerator
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
+PACKAGE = os.path.dirname(accelerate_stateful.__file__)
+BATCHES = 64
+
+
+def own_calls_per_batch(loader, step=None) -> float:
+    """Calls of functions in this package per batch, over ``BATCHES`` batches after the first (``step(batch)``:
+    the loop's training work, its own calls included)."""
+    iterator = iter(loader)
+    next(iterator)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(BATCHES):
+        batch = next(iterator)
+        if step is not None:
+            step(batch)
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    return sum(calls for (path, _, _), (_, calls, *_) in stats.items() if path.startswith(PACKAGE)) / BATCHES
+
+
+def prepared(**loader_kw):
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    generator = torch.Generator().manual_seed(0)
+    dl = DataLoader(list(range(4096)), batch_size=32, shuffle=True, generator=generator, **loader_kw)
+    return accelerator, accelerator.prepare(dl)
+
+
+# The handle's next(), its record, the went-on clock, GradientState's active loader, the pass's generator, the
+# pipeline's fetch scope, the sampler, the position's arithmetic, the device placement: 9 calls, and the
+# sampler's next chunk of index lists once every 64 batches here (2,048 samples).
+PER_BATCH = 9 + 0.1
+
+
+def test_a_shuffled_map_style_batch_costs_nine_calls_of_this_package():
+    _, dl = prepared()
+    assert own_calls_per_batch(dl) <= PER_BATCH
+
+
+def test_a_training_step_adds_only_the_training_events_to_a_batchs_calls():
+    # Each training event (accelerator.backward, optimizer.step, one per parameter's gradient) is one call of
+    # _training.note_trained; accelerator.backward adds its own frame.
+    accelerator, dl = prepared()
+    model = torch.nn.Linear(32, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    def step(batch):
+        loss = model(batch.float().reshape(1, -1)).sum()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    events = 1 + 1 + len(list(model.parameters()))  # backward, optimizer.step, each parameter's hook
+    assert own_calls_per_batch(dl, step) <= PER_BATCH + events + 1
