@@ -13,8 +13,8 @@ base loader's iterator takes from its workers' data queue and their size pickled
 ``DataLoader`` receives for the same batches, and the messages of our own worker channels (``_channels``:
 instructions, state replies, a finished stream's ring).
 
-    python benchmarks/bench_capture.py            # about 2 minutes on 2 cores
-    python benchmarks/bench_capture.py --quick    # about 30 s
+    python benchmarks/bench_capture.py            # 7 to 10 minutes on 2 loaded cores
+    python benchmarks/bench_capture.py --quick    # fewer batches and rounds
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def measure(sizes: dict, started: float) -> tuple[Callable[[dict], str], dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_main(argv, __doc__, "about 30 s", (QUICK_SIZES, FULL_SIZES), measure)
+    return run_main(argv, __doc__, "120 batches, 2 rounds", (QUICK_SIZES, FULL_SIZES), measure)
 
 
 if __name__ == "__main__":
