@@ -103,6 +103,8 @@ bench: install
 	mkdir -p bench_out
 	$(PY) benchmarks/bench_loader.py --json bench_out/loader.json
 	$(PY) benchmarks/bench_stream.py --json bench_out/stream.json
+	$(PY) benchmarks/bench_capture.py --json bench_out/capture.json
+	$(PY) benchmarks/bench_data_state.py --json bench_out/data_state.json
 	$(PY) benchmarks/bench_trainer.py
 	$(PY) benchmarks/bench_lm.py --json bench_out/lm.json
 	$(PY) benchmarks/bench_worker_release.py

@@ -1,6 +1,6 @@
 """Checkpoint file work against world size, ranks simulated in one process: is the cost per rank flat?
 
-For each world size W (1 to 1,024) the benchmark saves a checkpoint as W ranks would (each rank's loader
+For each world size W (1 to 4,096) the benchmark saves a checkpoint as W ranks would (each rank's loader
 state, then the manifest), then resumes it twice: on W ranks, and on W // 2 ranks (elastic). It counts
 the files each rank opens and the ``stat`` calls it makes (``accelerate_stateful.checkpoint._files.IO``) and times
 each rank's work, for two protocols:
@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch.utils.data import DataLoader
@@ -36,14 +37,15 @@ from accelerate_stateful import DistContext, ShardDataLoader  # noqa: E402
 from accelerate_stateful.checkpoint import _files
 from accelerate_stateful.checkpoint import _resume  # noqa: E402
 
-WORLDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+WORLDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SAMPLE_RANKS = 16
+BEFORE_UP_TO = 1024
 BATCH = 4
 
 
-def loader(rank: int, world: int, length: int) -> ShardDataLoader:
-    """Rank ``rank``'s loader over ``length`` samples."""
-    data = DataLoader(list(range(length)), batch_size=BATCH, shuffle=True,
+def loader(rank: int, world: int, length: int, samples: Optional[list] = None) -> ShardDataLoader:
+    """Rank ``rank``'s loader over ``length`` samples (``samples``: that list, shared by every simulated rank)."""
+    data = DataLoader(samples if samples is not None else list(range(length)), batch_size=BATCH, shuffle=True,
                       generator=torch.Generator().manual_seed(0))
     dl = ShardDataLoader.from_dataloader(data, DistContext(rank, world))
     return dl
@@ -52,7 +54,8 @@ def loader(rank: int, world: int, length: int) -> ShardDataLoader:
 def save_simulated(folder: Path, world: int) -> tuple[Path, list[ShardDataLoader], dict]:
     """A checkpoint of ``world`` ranks, each after one batch: every rank's file, then the manifest."""
     checkpoint = Path(folder) / f"world_{world}"
-    loaders = [loader(r, world, 8 * BATCH * world) for r in range(world)]  # 8 batches per rank
+    samples = list(range(8 * BATCH * world))  # 8 batches per rank; one list for every simulated rank
+    loaders = [loader(r, world, len(samples), samples) for r in range(world)]
     entries, started = {}, time.perf_counter()
     for rank, dl in enumerate(loaders):
         next(iter(dl))
@@ -106,14 +109,18 @@ def bench_world(folder: Path, world: int) -> dict:
         if label == "elastic" and world == 1:
             continue
         ranks = _sampled(world) if new_world == world else _sampled(new_world)
-        old = [_measure(lambda r=r: before(checkpoint, world, r, new_world)) for r in [0] + ranks]
-        fresh = {r: loader(r, new_world, 8 * BATCH * world) for r in [0] + ranks}
+        # The previous protocol reads O(W) files per rank: measured up to BEFORE_UP_TO (it took 7 minutes at
+        # 1,024 ranks on 2 shared cores); beyond, its figures are the formula's (2W + 5 and 5W + 2 per rank).
+        old = ([_measure(lambda r=r: before(checkpoint, world, r, new_world)) for r in [0] + ranks]
+               if world <= BEFORE_UP_TO else [])
+        samples = list(range(8 * BATCH * world))
+        fresh = {r: loader(r, new_world, len(samples), samples) for r in [0] + ranks}
         new_lead = _measure(lambda: after(checkpoint, world, fresh[0], verifier=True))
         new = [_measure(lambda r=r: after(checkpoint, world, fresh[r], verifier=False)) for r in ranks]
         row[label] = {
-            "before_files_per_rank": statistics.mean(m["files"] for m, _ in old),
-            "before_stats_per_rank": statistics.mean(m["stats"] for m, _ in old),
-            "before_ms_per_rank": statistics.mean(t for _, t in old),
+            "before_files_per_rank": statistics.mean(m["files"] for m, _ in old) if old else None,
+            "before_stats_per_rank": statistics.mean(m["stats"] for m, _ in old) if old else None,
+            "before_ms_per_rank": statistics.mean(t for _, t in old) if old else None,
             "after_files_per_rank": statistics.mean(m["files"] for m, _ in new) if new else new_lead[0]["files"],
             "after_stats_per_rank": statistics.mean(m["stats"] for m, _ in new) if new else new_lead[0]["stats"],
             "after_ms_per_rank": statistics.mean(t for _, t in new) if new else new_lead[1],
@@ -132,9 +139,9 @@ def plot(rows: list[dict], out: Path) -> None:
     fig, (files_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     worlds = [r["world"] for r in rows]
     for label, style in (("same", "-"), ("elastic", "--")):
-        have = [r for r in rows if label in r]
-        w = [r["world"] for r in have]
         for proto, color in (("before", "tab:red"), ("after", "tab:blue")):
+            have = [r for r in rows if label in r and r[label][f"{proto}_ms_per_rank"] is not None]
+            w = [r["world"] for r in have]
             files_ax.plot(w, [r[label][f"{proto}_files_per_rank"] + r[label][f"{proto}_stats_per_rank"] for r in have],
                           style, color=color, marker="o", ms=3, label=f"{proto}, resume on {'W' if label == 'same' else 'W/2'}")
             time_ax.plot(w, [r[label][f"{proto}_ms_per_rank"] for r in have], style, color=color, marker="o", ms=3,
@@ -155,6 +162,15 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+def _before(cell: dict, what: str) -> str:
+    """The previous protocol's files + stats or ms per rank, "-" where it was not run (beyond BEFORE_UP_TO)."""
+    if cell["before_ms_per_rank"] is None:
+        return "-"
+    if what == "ms":
+        return f"{cell['before_ms_per_rank']:.2f}"
+    return f"{cell['before_files_per_rank'] + cell['before_stats_per_rank']:.0f}"
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| W | save: write/rank ms | seal ms | resume on W: files+stats/rank before → after | ms/rank before → after "
              "| verifier: files, ms | resume on W/2: files+stats/rank before → after | ms/rank before → after |",
@@ -162,15 +178,13 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         cells = [str(r["world"]), f"{r['write_per_rank_ms']:.2f}", f"{r['seal_ms']:.1f}"]
         s = r["same"]
-        cells += [f"{s['before_files_per_rank'] + s['before_stats_per_rank']:.0f} → "
-                  f"{s['after_files_per_rank'] + s['after_stats_per_rank']:.0f}",
-                  f"{s['before_ms_per_rank']:.2f} → {s['after_ms_per_rank']:.2f}",
+        cells += [f"{_before(s, 'files')} → {s['after_files_per_rank'] + s['after_stats_per_rank']:.0f}",
+                  f"{_before(s, 'ms')} → {s['after_ms_per_rank']:.2f}",
                   f"{s['after_verifier_files']}, {s['after_verifier_ms']:.1f}"]
         e = r.get("elastic")
         cells += ["-", "-"] if e is None else [
-            f"{e['before_files_per_rank'] + e['before_stats_per_rank']:.0f} → "
-            f"{e['after_files_per_rank'] + e['after_stats_per_rank']:.0f}",
-            f"{e['before_ms_per_rank']:.2f} → {e['after_ms_per_rank']:.2f}"]
+            f"{_before(e, 'files')} → {e['after_files_per_rank'] + e['after_stats_per_rank']:.0f}",
+            f"{_before(e, 'ms')} → {e['after_ms_per_rank']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
