@@ -18,7 +18,6 @@ collective by the other fails the scenario instead of hanging the launch for 30 
 from __future__ import annotations
 
 import datetime
-import gc
 import json
 import sys
 import time
@@ -359,7 +358,7 @@ def main() -> None:
     torch.set_num_threads(1)
     results = []
     for name in only:
-        gc.collect()
+        mp_harness_rank.set_aside()
         dist.barrier()
         try:
             detail = SCENARIOS[name](out / name, state.process_index)

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from mp_harness_rank import collective_timeout_s, rank, run
+from mp_harness_rank import collective_timeout_s, rank, run, set_aside
 
 SCENARIOS = {
     # name: (gradient accumulation steps, the evaluation, the batch at whose top rank 0 gets SIGTERM)
@@ -96,6 +96,7 @@ def train(out: Path, name: str, signal_at: Optional[int] = None) -> dict:
 def main(root: Path, *names: str) -> None:
     results = {}
     for name in names or SCENARIOS:
+        set_aside()
         signal_at = SCENARIOS[name][2]
         found = results[name] = {"reference": train(root / name / "reference", name)}
         if signal_at is None:

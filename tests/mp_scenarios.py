@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import gc
 import json
 import logging
 import shutil
@@ -827,8 +826,7 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
         # A pass the last scenario dropped while a caught exception's traceback held it ends when the garbage
         # collector runs, at a different moment on each rank, and its end unregisters its loader from Accelerate's
         # GradientState; collected here, it ends at the same point of every rank's run.
-        gc.collect()
-        gc.freeze()  # what survives is the process's for good (lazy imports among it): later collections skip it
+        mp_harness_rank.set_aside()
         if dist.is_initialized():
             dist.barrier()
         started = time.perf_counter()

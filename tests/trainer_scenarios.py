@@ -328,6 +328,7 @@ def run_scenario(cfg: dict, root: Path) -> None:
 def main(root: Path, set_name: str) -> None:
     for cfg in SETS[set_name]:
         if not (root / cfg["sid"] / f"result.rank{rank()}.json").exists():
+            mp_harness_rank.set_aside()
             run_scenario(cfg, root)
     (root / f"{set_name}.finished.rank{rank()}").touch()
 
