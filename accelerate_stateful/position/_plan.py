@@ -38,8 +38,8 @@ def _ceil_div(a: int, b: int) -> int:
 class ShardPlan:
     """How one epoch of ``num_samples`` positions is cut into this rank's batches.
 
-    The counts derived from the fields are computed once per plan (``cached_property``: the plan is frozen, and
-    a loader asks them at every batch).
+    The counts derived from the fields are computed once, when the plan is made (the plan is frozen, and a
+    loader asks them at every batch).
 
     Examples:
         >>> plan = ShardPlan(num_samples=10, batch_size=2, world_size=2, rank=1,
@@ -63,6 +63,8 @@ class ShardPlan:
             raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
         if not 0 <= self.origin <= self.num_samples:
             raise ValueError(f"origin {self.origin} is outside the epoch of {self.num_samples} samples")
+        # Computed here, not at the first read: a plan is the same object before and after any query of it.
+        _ = (self.total_batch_size, self._remaining, self.num_batches, self.num_steps)
 
     @cached_property
     def total_batch_size(self) -> int:
