@@ -1,11 +1,13 @@
 """The multi-process harness itself (``mp_harness.py``, ``mp_harness_rank.py``), on 2 real processes (gloo).
 
-A rank that raises ends both ranks, with its whole traceback in the report; a job that stops making progress is
+A launch forked from the pre-imported server (``mp_zygote``) starts its ranks as ``accelerate launch`` does. A
+rank that raises ends both ranks, with its whole traceback in the report; a job that stops making progress is
 ended by the watchdog, which first dumps the stack of every rank and of every DataLoader worker.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,33 @@ import pytest
 import mp_harness
 
 PROBE = Path(__file__).with_name("mp_harness_probe.py")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_forked_launch_starts_its_ranks_as_accelerate_launch_does(tmp_path, monkeypatch, world):
+    """The same command, started for real and forked: the same launcher variables (ports and run ids aside),
+    script arguments and ``sys.path[0]``, a session per rank where torchrun makes one, numpy seeded apart."""
+    seen = {}
+    for how in ("exec", "fork"):
+        monkeypatch.setenv(mp_harness.LAUNCH_ENV, how)
+        out = tmp_path / how
+        out.mkdir()
+        command = mp_harness.accelerate_command(PROBE, ["env", out], world)
+        assert mp_harness.forkable(command, mp_harness.launch_env()) == (how == "fork")
+        done = mp_harness.launch(command, tmp_path / f"{how}.launch", timeout_s=90)
+        assert done.ok, done.report()
+        seen[how] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    numbers = [record["numpy"] for record in seen["fork"]]
+    assert len(set(numbers)) == len(numbers), "forked ranks drew the same numpy numbers"
+    for real, forked in zip(seen["exec"], seen["fork"]):
+        for record in (real, forked):
+            record["env"].pop("MASTER_PORT", None)
+            record["env"].pop("TORCHELASTIC_RUN_ID", None)
+            record["argv"][-1] = "OUT"  # the folder each writes to
+            record.pop("numpy")
+        assert forked == real
 
 
 @pytest.mark.multiprocess
