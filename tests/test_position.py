@@ -33,13 +33,16 @@ def test_plan_reproduces_accelerates_batch_sampler_shard_for_every_layout():
 
 @pytest.mark.parametrize("origin", [0, 3, 10])
 def test_samples_consumed_and_steps_for_are_inverse_at_every_step(origin):
+    for plan in _plans(origin):
+        for steps in range(plan.num_batches + 1):
+            assert plan.steps_for(plan.samples_consumed(steps)) == steps
+
+
+def _plans(origin: int):
+    """Every rank's plan of every layout whose epoch holds ``origin``."""
     for n, batch, world, drop, even, _ in _layouts():
-        if origin > n:
-            continue
-        for rank in range(world):
-            plan = ShardPlan(n, batch, world, rank, drop, even, origin=origin)
-            for steps in range(plan.num_batches + 1):
-                assert plan.steps_for(plan.samples_consumed(steps)) == steps
+        if origin <= n:
+            yield from (ShardPlan(n, batch, world, rank, drop, even, origin=origin) for rank in range(world))
 
 
 def test_every_position_is_taken_once_when_nothing_is_dropped_or_padded():
@@ -91,18 +94,15 @@ def test_an_impossible_plan_is_refused(kwargs, match):
 
 @pytest.mark.parametrize("origin", [0, 3, 10])
 def test_strided_run_counts_the_whole_evenly_spaced_batches_from_each_step(origin):
-    for n, batch, world, drop, even, _ in _layouts():
-        if origin > n:
-            continue
-        for rank in range(world):
-            plan = ShardPlan(n, batch, world, rank, drop, even, origin=origin)
-            for step in range(plan.num_batches + 1):
-                run = 0
-                if step < plan.num_batches:
-                    first, _ = plan.batch_span(step)
-                    while step + run < plan.num_batches:
-                        start = first + run * plan.total_batch_size
-                        if plan.batch_span(step + run) != (start, start + batch) or start + batch > n:
-                            break
-                        run += 1
-                assert plan.strided_run(step) == run, (n, batch, world, rank, drop, even, origin, step)
+    for plan in _plans(origin):
+        n, batch = plan.num_samples, plan.batch_size
+        for step in range(plan.num_batches + 1):
+            run = 0
+            if step < plan.num_batches:
+                first, _ = plan.batch_span(step)
+                while step + run < plan.num_batches:
+                    start = first + run * plan.total_batch_size
+                    if plan.batch_span(step + run) != (start, start + batch) or start + batch > n:
+                        break
+                    run += 1
+            assert plan.strided_run(step) == run, (plan, step)
