@@ -14,8 +14,8 @@ environment at import: no 🤗 Hub, datasets or transformers) and then forks, fo
   it sends SIGTERM to the others' groups, then SIGKILL after 30 s, and exits 1. One process (``--cpu``) runs
   in the launcher's group and is waited for, as Accelerate's simple launcher does.
 
-A rank then runs its script as ``python -u script args`` would (``runpy``, ``sys.argv``, ``sys.path[0]``, a
-fresh numpy seed; Python's ``random`` reseeds itself in a forked child) and exits through the interpreter's
+A rank then runs its script as ``python -u script args`` would (a ``__main__`` module kept until shutdown,
+``sys.argv``, ``sys.path[0]``, a fresh numpy seed; Python's ``random`` reseeds itself in a forked child) and exits through the interpreter's
 normal shutdown. What differs from a real launch: the ranks share the server's hash seed (a real launch
 draws one per process), and the processes' command lines are the server's. ``make test-full`` and ``make
 soak`` start every process from a fresh interpreter (``ACCELERATE_STATEFUL_LAUNCH=exec``); a few tests
@@ -28,14 +28,16 @@ Protocol: one connection per launch on a Unix socket; the client sends one JSON 
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
 import json
 import os
-import runpy
 import selectors
 import signal
 import socket
 import sys
 import time
+import types
 
 PRELOAD = ("torch", "torch.distributed", "accelerate", "accelerate_stateful", "numpy")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchrun's agent's defaults
@@ -79,8 +81,17 @@ def run_script(script: str, args: list[str], env: dict[str, str], cwd: str) -> N
 
 
 def _run_main(script: str) -> int:
+    """Run ``script`` as the ``__main__`` module, which stays in ``sys.modules`` (its globals alive) until the
+    interpreter's shutdown, as a script's does: ``runpy.run_path`` would drop them when it returns, and objects a
+    script keeps in globals (a process group's, a loader's) would end before the ``atexit`` handlers run."""
+    main = types.ModuleType("__main__")
+    main.__file__, main.__builtins__ = script, builtins
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    sys.modules["__main__"] = main
     try:
-        runpy.run_path(script, run_name="__main__")
+        with open(script, "rb") as source:
+            code = compile(source.read(), script, "exec")
+        exec(code, main.__dict__)
     except SystemExit as exc:
         return _exit_status(exc.code)
     except BaseException:  # noqa: BLE001 - printed as the interpreter prints an uncaught exception
