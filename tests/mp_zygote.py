@@ -118,9 +118,11 @@ def _accelerate_ranks(argv: list[str], env: dict[str, str]) -> tuple[list[dict[s
 def _torchrun_ranks(argv: list[str], env: dict[str, str]) -> tuple[list[dict[str, str]], list[str], bool]:
     from torch.distributed.run import get_args_parser
 
+    from mp_harness import free_port
+
     args = get_args_parser().parse_args(argv)
     world = int(args.nproc_per_node)
-    return _torchrun_envs(dict(env), world, _free_port()), [args.training_script, *args.training_script_args], True
+    return _torchrun_envs(dict(env), world, free_port()), [args.training_script, *args.training_script_args], True
 
 
 def _torchrun_envs(base: dict[str, str], world: int, port: int) -> list[dict[str, str]]:
@@ -131,12 +133,6 @@ def _torchrun_envs(base: dict[str, str], world: int, port: int) -> list[dict[str
               "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
               "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
     return [{**base, **shared, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(world)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launcher(request: dict) -> None:
@@ -181,7 +177,7 @@ def _agent(ranks: list[int]) -> int:
     received: list[int] = []
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, _frame: received.append(signum))
-    running, failed = set(ranks), False
+    running = set(ranks)
     while running:
         if received:
             _close(running, signal.Signals(received[0]))
@@ -192,10 +188,9 @@ def _agent(ranks: list[int]) -> int:
             continue
         running.discard(pid)
         if os.waitstatus_to_exitcode(status) != 0:
-            failed = True
             _close(running, signal.SIGTERM)
-            break
-    return 1 if failed else 0
+            return 1
+    return 0
 
 
 def _close(running: set[int], sig: signal.Signals) -> None:
