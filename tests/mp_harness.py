@@ -157,7 +157,7 @@ class Job:
             with open(log, "ab") as sink:
                 self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink,
                                                    stderr=subprocess.STDOUT, start_new_session=True))
-        self.launchers = [psutil.Process(p.pid) for p in self.procs]
+        self.launchers = [p for p in map(_process, self.procs) if p is not None]
         self.seen: dict[int, psutil.Process] = {}
 
     def descendants(self) -> list[psutil.Process]:
@@ -396,6 +396,14 @@ def _cmdline(process: psutil.Process) -> str:
         return " ".join(process.cmdline())[:160]
     except psutil.Error:
         return "?"
+
+
+def _process(proc) -> Optional[psutil.Process]:
+    """The process behind ``proc``, or None where it has already ended (a forked one leaves no zombie)."""
+    try:
+        return psutil.Process(proc.pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _alive(process: psutil.Process) -> bool:

@@ -137,14 +137,13 @@ def test_a_rank_that_raises_mid_epoch_ends_the_whole_job_promptly(tmp_path):
     ]
     job = mp_harness.start(command, tmp_path / "launch")
     proc, log = job.procs[0], job.folder / "launch0.log"
-    seen: dict[int, psutil.Process] = {}
     raised_at = None
     try:
         deadline = time.monotonic() + 150
         while proc.poll() is None and time.monotonic() < deadline:
-            launcher = psutil.Process(proc.pid)
-            for p in [launcher] + launcher.children(recursive=True):
-                seen.setdefault(p.pid, p)
+            # Through the job, which tolerates a launcher already gone: a forked launcher is
+            # reaped by its server at once, with no zombie left for psutil to find.
+            job.descendants()
             if raised_at is None and demo.progress(out / "stream_rank1.jsonl", 0) and \
                     demo.progress(out / "stream_rank1.jsonl", 0)["step"] >= 6:
                 raised_at = time.monotonic()
@@ -155,6 +154,7 @@ def test_a_rank_that_raises_mid_epoch_ends_the_whole_job_promptly(tmp_path):
         if proc.poll() is None:
             job.kill()
     output = log.read_text(errors="replace")
+    seen = {**job.seen, **{p.pid: p for p in job.launchers}}
     assert code is not None, f"the job was still running 150 s after its start:\n{output}"
     assert raised_at is not None, f"rank 1 never reached step 6:\n{output}"
     print(f"the job ended {ended - raised_at:.1f} s after rank 1 raised, with status {code}; "
