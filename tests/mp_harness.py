@@ -31,6 +31,7 @@ from typing import Optional, Sequence, Union
 
 import psutil
 
+import mp_zygote
 from mp_harness_rank import COLLECTIVE_ENV, DIR_ENV, STACK_SIGNAL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,8 @@ def free_port() -> int:
 def launch_env(**extra: str) -> dict[str, str]:
     """This environment minus any launcher's variables, plus what a CPU (gloo) launch needs, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
-    env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
+    env.update(ACCELERATE_USE_CPU="1", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.update(extra)
     return env
@@ -258,8 +260,12 @@ def forkable(command: Sequence[str], env: dict[str, str]) -> bool:
     interpreter that the fork server runs as it would run (``mp_zygote``)."""
     if os.environ.get(LAUNCH_ENV) == "exec" or command[0] != sys.executable or command[1:2] != ["-m"]:
         return False
-    if env.get("PYTHONPATH") != launch_env().get("PYTHONPATH"):
+    server = launch_env()
+    if env.get("PYTHONPATH") != server.get("PYTHONPATH"):
         return False  # the server imported the package from where this environment says
+    read = {k for k in {*env, *server} if k.startswith(mp_zygote.READ_AT_IMPORT)}
+    if any(env.get(k) != server.get(k) for k in read):
+        return False  # the server's imports read these variables as they are in its own environment
     if command[2] == "accelerate.commands.launch":
         return not {"--machine_rank", "--use_deepspeed", "--use_fsdp", "--config_file"} & set(command)
     return command[2] == "torch.distributed.run" and "--standalone" in command
