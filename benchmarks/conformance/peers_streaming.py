@@ -15,12 +15,15 @@ group "failed to connect"). Both were this file's setup, not the launch: each ra
 data into a private temporary folder. litdata's ``BinaryWriter.merge()``, seeing ``WORLD_SIZE=2``, waited
 forever for the other rank's index in that private folder; mosaicml-streaming refused ranks whose ``local``
 differ ("shared memory registered does not match local leader") and rank 0 then lost its peer. Every process of
-a run now reads the one copy its first, 1-process segment wrote (``_written``).
+a run now reads one copy, written once per machine at a path named by the ids (``_written``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.metadata
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -32,18 +35,23 @@ from peers_torch import world
 from scenarios import EPOCHS, Scenario, seed_everything, source_ids
 
 
-def _written(folder: Path, name: str, write) -> str:
-    """The folder ``folder/name``, filled by ``write`` the first time: every rank of a job reads one dataset,
-    the one the run's first, 1-process segment wrote (written elsewhere, in the folder it is renamed from)."""
-    path = folder / name
+def _written(distribution: str, ids: list, write) -> str:
+    """The folder of ``ids`` in ``distribution``'s format, filled by ``write`` the first time on this machine:
+    every process of a run finds it at the same path (every rank of a job reads one dataset), and a loader's
+    threads still reading after a segment ended never find it gone."""
+    key = hashlib.sha1(repr((distribution, importlib.metadata.version(distribution), ids)).encode()).hexdigest()
+    path = Path(tempfile.gettempdir()) / f"conformance-{distribution}-{key[:16]}"
     if not path.exists():
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder))
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-"))
         write(str(staging))
-        staging.rename(path)
+        try:
+            staging.rename(path)
+        except OSError:  # another process wrote it meanwhile
+            shutil.rmtree(staging)
     return str(path)
 
 
-def _chunks(folder: Path, n: int, ids: list) -> str:
+def _chunks(ids: list) -> str:
     def write(out: str) -> None:
         from litdata.streaming.writer import BinaryWriter
 
@@ -53,7 +61,7 @@ def _chunks(folder: Path, n: int, ids: list) -> str:
         writer.done()
         writer.merge()
 
-    return _written(folder, f"litdata-{n}", write)
+    return _written("litdata", ids, write)
 
 
 def litdata_segment(scenario: Scenario, folder: Path, segment: int, stop: Optional[int],
@@ -62,8 +70,7 @@ def litdata_segment(scenario: Scenario, folder: Path, segment: int, stop: Option
 
     with _process_group():
         seed_everything()
-        parts = [StreamingDataset(_chunks(folder, n, ids), shuffle=True, drop_last=True, seed=0)
-                 for n, ids in enumerate(source_ids(scenario))]
+        parts = [StreamingDataset(_chunks(ids), shuffle=True, drop_last=True, seed=0) for ids in source_ids(scenario)]
         data = parts[0] if len(parts) == 1 else CombinedStreamingDataset(parts, seed=0, weights=[0.5, 0.5],
                                                                          iterate_over_all=False)
         dl = StreamingDataLoader(data, batch_size=scenario.batch(segment), num_workers=scenario.workers)
@@ -109,7 +116,7 @@ def _run_segment(dl, folder: Path, stop: Optional[int], on_first, cost_s: float)
     return trained
 
 
-def _mds(folder: Path, n: int, ids: list) -> str:
+def _mds(ids: list) -> str:
     def write(out: str) -> None:
         from streaming import MDSWriter
 
@@ -117,7 +124,7 @@ def _mds(folder: Path, n: int, ids: list) -> str:
             for i in ids:
                 writer.write({"id": i})
 
-    return _written(folder, f"mds-{n}", write)
+    return _written("mosaicml-streaming", ids, write)
 
 
 def mosaic_segment(scenario: Scenario, folder: Path, segment: int, stop: Optional[int],
@@ -133,8 +140,8 @@ def mosaic_segment(scenario: Scenario, folder: Path, segment: int, stop: Optiona
     batch, sources = scenario.batch(segment), source_ids(scenario)
     common = {"shuffle": True, "shuffle_seed": 0, "batch_size": batch}
     if len(sources) == 1:
-        data = StreamingDataset(local=_mds(folder, 0, sources[0]), **common)
+        data = StreamingDataset(local=_mds(sources[0]), **common)
     else:
-        data = StreamingDataset(streams=[Stream(local=_mds(folder, n, s), proportion=0.5) for n, s in enumerate(sources)], **common)
+        data = StreamingDataset(streams=[Stream(local=_mds(s), proportion=0.5) for s in sources], **common)
     dl = StreamingDataLoader(data, batch_size=batch, num_workers=scenario.workers)
     return _run_segment(dl, folder, stop, on_first, cost_s)
