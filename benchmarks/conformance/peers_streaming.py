@@ -10,12 +10,18 @@ processes the script starts a process group, as a PyTorch DDP script does: litda
 Left at its default, ``drop_last`` is False on 1 process and True on several, and the 1 -> 2 resume is refused
 ("The provided `drop_last` state doesn't match the current one").
 
+mosaicml-streaming: see ``mosaic_segment``; on several processes its script starts the process group too.
+
 The 1 -> 2 processes cells once read "not yet measured" (litdata's launch hung, mosaicml-streaming's process
 group "failed to connect"). Both were this file's setup, not the launch: each rank wrote its own copy of the
 data into a private temporary folder. litdata's ``BinaryWriter.merge()``, seeing ``WORLD_SIZE=2``, waited
 forever for the other rank's index in that private folder; mosaicml-streaming refused ranks whose ``local``
 differ ("shared memory registered does not match local leader") and rank 0 then lost its peer. Every process of
-a run now reads one copy, written once per machine at a path named by the ids (``_written``).
+a run now reads one copy, written once per machine at a path named by the ids (``_written``). And left to
+start torch.distributed itself, mosaicml-streaming starts and ends a process group in
+``clean_stale_shared_memory()`` and again in ``StreamingDataset()``: under exec-started ranks (the forked
+launch happened to pass) the second one never connected ("Gloo connectFullMesh failed ... Connection
+refused"). A PyTorch DDP script starts its group first, and then mosaicml-streaming starts none.
 """
 
 from __future__ import annotations
@@ -80,7 +86,8 @@ def litdata_segment(scenario: Scenario, folder: Path, segment: int, stop: Option
 @contextlib.contextmanager
 def _process_group():
     """On several processes, the process group a PyTorch DDP script starts (gloo here), ended after: litdata
-    finds its rank and the number of processes there (without it, every process is its rank 0)."""
+    finds its rank there (without it, every process is its rank 0), and mosaicml-streaming uses it rather than
+    start and end groups of its own."""
     import torch.distributed as dist
 
     started = world()[1] > 1 and not dist.is_initialized()
@@ -135,13 +142,14 @@ def mosaic_segment(scenario: Scenario, folder: Path, segment: int, stop: Optiona
     from streaming import Stream, StreamingDataLoader, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    clean_stale_shared_memory()  # a previous segment of this process stands for a killed process
-    seed_everything()
-    batch, sources = scenario.batch(segment), source_ids(scenario)
-    common = {"shuffle": True, "shuffle_seed": 0, "batch_size": batch}
-    if len(sources) == 1:
-        data = StreamingDataset(local=_mds(sources[0]), **common)
-    else:
-        data = StreamingDataset(streams=[Stream(local=_mds(s), proportion=0.5) for s in sources], **common)
-    dl = StreamingDataLoader(data, batch_size=batch, num_workers=scenario.workers)
-    return _run_segment(dl, folder, stop, on_first, cost_s)
+    with _process_group():
+        clean_stale_shared_memory()  # a previous segment of this process stands for a killed process
+        seed_everything()
+        batch, sources = scenario.batch(segment), source_ids(scenario)
+        common = {"shuffle": True, "shuffle_seed": 0, "batch_size": batch}
+        if len(sources) == 1:
+            data = StreamingDataset(local=_mds(sources[0]), **common)
+        else:
+            data = StreamingDataset(streams=[Stream(local=_mds(s), proportion=0.5) for s in sources], **common)
+        dl = StreamingDataLoader(data, batch_size=batch, num_workers=scenario.workers)
+        return _run_segment(dl, folder, stop, on_first, cost_s)
