@@ -6,6 +6,7 @@ that changes a cell fails here until ``make conformance`` re-measures the table 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "benchmarks" / "conformance"
 sys.path.insert(0, str(HARNESS))
 
+import peers_streaming  # noqa: E402
 from scenarios import per_epoch_verdict, verdict  # noqa: E402
 
 
@@ -61,6 +63,17 @@ def test_a_changed_cell_or_release_is_named_against_the_committed_table():
         "the table says {'verdict': 'exact'}"]
     newer = {"x": {"versions": {"x": "2.0"}, "cells": {}}}
     assert "measured with {'x': '1.0'}" in differences(expected, newer)[0]
+
+
+def test_every_process_finds_a_streaming_rows_data_at_the_path_the_first_one_wrote():
+    # Each rank once wrote a private copy: litdata's writer then waited forever for the other rank's index,
+    # and mosaicml-streaming (its ``_mds`` is written the same way; not imported here: seconds) refused ranks
+    # whose ``local`` differ. A reload stands for another process: the module's state is gone.
+    ids = [0, 1, 2]
+    first = peers_streaming._chunks(ids)
+    assert (Path(first) / "index.json").exists()
+    assert importlib.reload(peers_streaming)._chunks(ids) == first
+    assert peers_streaming._chunks(ids + [3]) != first
 
 
 @pytest.mark.timeout(240)

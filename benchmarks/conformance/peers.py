@@ -27,7 +27,6 @@ class Peer:
     how: str  # how it is used, after which documentation
     segment: Optional[Callable] = None  # None: not written yet
     not_applicable: Callable[[Scenario], Optional[str]] = lambda scenario: None
-    processes: bool = False  # measured in the 1 -> 2 processes launch
     owns_processes: bool = False  # starts torch.distributed itself: a launch of its own
 
     def missing(self) -> Optional[str]:
@@ -68,26 +67,26 @@ def _trainer_na(scenario: Scenario) -> Optional[str]:
 PEERS = (
     Peer("ours (accelerate_stateful)", ("accelerate-stateful", "accelerate", "torch"),
          "accelerate_stateful.Accelerator, use_stateful_dataloader=True, accelerator.resume()",
-         functools.partial(peers_torch.accelerate_segment, "ours"), processes=True, owns_processes=True),
+         functools.partial(peers_torch.accelerate_segment, "ours"), owns_processes=True),
     Peer("Accelerate, use_stateful_dataloader", ("accelerate", "torchdata"),
          "accelerate.Accelerator, use_stateful_dataloader=True, save_state/load_state",
-         functools.partial(peers_torch.accelerate_segment, "stateful"), processes=True, owns_processes=True),
+         functools.partial(peers_torch.accelerate_segment, "stateful"), owns_processes=True),
     Peer("Accelerate, skip_first_batches", ("accelerate",),
          "accelerate.Accelerator, load_state, then skip_first_batches(resume_step) (complete_nlp_example.py)",
-         functools.partial(peers_torch.accelerate_segment, "skip"), processes=True, owns_processes=True),
+         functools.partial(peers_torch.accelerate_segment, "skip"), owns_processes=True),
     Peer("torchdata StatefulDataLoader", ("torchdata",),
          "StatefulDataLoader.state_dict()/load_state_dict(), DistributedSampler on several processes",
-         peers_torch.torchdata_segment, processes=True),
+         peers_torch.torchdata_segment),
     *(Peer(f"🤗 datasets IterableDataset, {variant}", ("datasets", "torchdata"),
            "IterableDataset.state_dict() in a DataLoader; StatefulDataLoader.state_dict() with workers",
-           functools.partial(peers_hf.datasets_segment, variant), _hf_na, processes=True)
+           functools.partial(peers_hf.datasets_segment, variant), _hf_na)
       for variant in peers_hf.VARIANTS),
     Peer("🤗 Trainer", ("transformers",), "Trainer.train(resume_from_checkpoint=True)",
-         peers_hf.trainer_segment, _trainer_na, processes=True, owns_processes=True),
+         peers_hf.trainer_segment, _trainer_na, owns_processes=True),
     Peer("litdata StreamingDataLoader", ("litdata",),
-         "StreamingDataset(shuffle=True) + StreamingDataLoader.state_dict()/load_state_dict()",
-         peers_streaming.litdata_segment, _stream_na),
+         "StreamingDataset(shuffle=True, drop_last=True) + StreamingDataLoader.state_dict()/load_state_dict()",
+         peers_streaming.litdata_segment, _stream_na, owns_processes=True),
     Peer("mosaicml-streaming StreamingDataset", ("mosaicml-streaming",),
          "StreamingDataset(shuffle=True, batch_size=B) + StreamingDataLoader.state_dict()/load_state_dict()",
-         peers_streaming.mosaic_segment, _stream_na),
+         peers_streaming.mosaic_segment, _stream_na, owns_processes=True),
 )

@@ -1,16 +1,35 @@
 """The streaming-format loaders: litdata and mosaicml-streaming, each a ``StreamingDataset`` + its
-``StreamingDataLoader``. Their 1 -> 2 processes cell is not measured yet: in our 2-process launch litdata's
-resume hung (45 s without output) and mosaicml-streaming's process group failed to connect, and neither is
-diagnosed; the cell says "not yet measured" rather than blame the loader for what may be our launch.
+``StreamingDataLoader``.
 
-litdata (its README, "Pause & resume data streaming"): the samples are written once as chunks
-(``BinaryWriter``, what ``litdata.optimize`` writes), read by ``StreamingDataset(dir, shuffle=True, seed=0)``
-through a ``StreamingDataLoader``, whose ``state_dict()`` is saved with the epoch and given back to
-``load_state_dict()``; a mixture is ``CombinedStreamingDataset`` with weights.
+litdata (its README, "Pause & resume data streaming" and "Streams on multi-GPU, multi-node"): the samples are
+written once as chunks (``BinaryWriter``, what ``litdata.optimize`` writes), read by
+``StreamingDataset(dir, shuffle=True, drop_last=True, seed=0)`` (the README's training dataset: "don't forget to
+enable shuffle and drop_last") through a ``StreamingDataLoader``, whose ``state_dict()`` is saved with the epoch
+and given back to ``load_state_dict()``; a mixture is ``CombinedStreamingDataset`` with weights. On several
+processes the script starts a process group, as a PyTorch DDP script does: litdata takes its rank from it.
+Left at its default, ``drop_last`` is False on 1 process and True on several, and the 1 -> 2 resume is refused
+("The provided `drop_last` state doesn't match the current one").
+
+mosaicml-streaming: see ``mosaic_segment``; on several processes its script starts the process group too.
+
+The 1 -> 2 processes cells once read "not yet measured" (litdata's launch hung, mosaicml-streaming's process
+group "failed to connect"). Both were this file's setup, not the launch: each rank wrote its own copy of the
+data into a private temporary folder. litdata's ``BinaryWriter.merge()``, seeing ``WORLD_SIZE=2``, waited
+forever for the other rank's index in that private folder; mosaicml-streaming refused ranks whose ``local``
+differ ("shared memory registered does not match local leader") and rank 0 then lost its peer. Every process of
+a run now reads one copy, written once per machine at a path named by the ids (``_written``). And left to
+start torch.distributed itself, mosaicml-streaming starts and ends a process group in
+``clean_stale_shared_memory()`` and again in ``StreamingDataset()``: under exec-started ranks (the forked
+launch happened to pass) the second one never connected ("Gloo connectFullMesh failed ... Connection
+refused"). A PyTorch DDP script starts its group first, and then mosaicml-streaming starts none.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.metadata
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -18,35 +37,67 @@ from typing import Optional
 
 import torch
 
+from peers_torch import world
 from scenarios import EPOCHS, Scenario, seed_everything, source_ids
 
-_WRITTEN: dict = {}  # the chunks of each list of ids, written once per process
+
+def _written(distribution: str, ids: list, write) -> str:
+    """The folder of ``ids`` in ``distribution``'s format, filled by ``write`` the first time on this machine:
+    every process of a run finds it at the same path (every rank of a job reads one dataset), and a loader's
+    threads still reading after a segment ended never find it gone."""
+    key = hashlib.sha1(repr((distribution, importlib.metadata.version(distribution), ids)).encode()).hexdigest()
+    path = Path(tempfile.gettempdir()) / f"conformance-{distribution}-{key[:16]}"
+    if not path.exists():
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-"))
+        write(str(staging))
+        try:
+            staging.rename(path)
+        except OSError:  # another process wrote it meanwhile
+            shutil.rmtree(staging)
+    return str(path)
 
 
 def _chunks(ids: list) -> str:
-    key = tuple(ids)
-    if key not in _WRITTEN:
+    def write(out: str) -> None:
         from litdata.streaming.writer import BinaryWriter
 
-        folder = tempfile.mkdtemp(prefix="conformance-litdata-")
-        writer = BinaryWriter(folder, chunk_size=6)
-        for n, i in enumerate(ids):
-            writer[n] = {"id": i}
+        writer = BinaryWriter(out, chunk_size=6)
+        for k, i in enumerate(ids):
+            writer[k] = {"id": i}
         writer.done()
         writer.merge()
-        _WRITTEN[key] = folder
-    return _WRITTEN[key]
+
+    return _written("litdata", ids, write)
 
 
 def litdata_segment(scenario: Scenario, folder: Path, segment: int, stop: Optional[int],
                     on_first=None, cost_s: float = 0.0) -> list:
     from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
 
-    seed_everything()
-    parts = [StreamingDataset(_chunks(ids), shuffle=True, seed=0) for ids in source_ids(scenario)]
-    data = parts[0] if len(parts) == 1 else CombinedStreamingDataset(parts, seed=0, weights=[0.5, 0.5], iterate_over_all=False)
-    dl = StreamingDataLoader(data, batch_size=scenario.batch(segment), num_workers=scenario.workers)
-    return _run_segment(dl, folder, stop, on_first, cost_s)
+    with _process_group():
+        seed_everything()
+        parts = [StreamingDataset(_chunks(ids), shuffle=True, drop_last=True, seed=0) for ids in source_ids(scenario)]
+        data = parts[0] if len(parts) == 1 else CombinedStreamingDataset(parts, seed=0, weights=[0.5, 0.5],
+                                                                         iterate_over_all=False)
+        dl = StreamingDataLoader(data, batch_size=scenario.batch(segment), num_workers=scenario.workers)
+        return _run_segment(dl, folder, stop, on_first, cost_s)
+
+
+@contextlib.contextmanager
+def _process_group():
+    """On several processes, the process group a PyTorch DDP script starts (gloo here), ended after: litdata
+    finds its rank there (without it, every process is its rank 0), and mosaicml-streaming uses it rather than
+    start and end groups of its own."""
+    import torch.distributed as dist
+
+    started = world()[1] > 1 and not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        if started:
+            dist.destroy_process_group()
 
 
 def _run_segment(dl, folder: Path, stop: Optional[int], on_first, cost_s: float) -> list:
@@ -72,20 +123,15 @@ def _run_segment(dl, folder: Path, stop: Optional[int], on_first, cost_s: float)
     return trained
 
 
-_MDS: dict = {}
-
-
 def _mds(ids: list) -> str:
-    key = tuple(ids)
-    if key not in _MDS:
+    def write(out: str) -> None:
         from streaming import MDSWriter
 
-        folder = tempfile.mkdtemp(prefix="conformance-mds-")
-        with MDSWriter(out=folder, columns={"id": "int"}, size_limit=256) as writer:
+        with MDSWriter(out=out, columns={"id": "int"}, size_limit=256) as writer:
             for i in ids:
                 writer.write({"id": i})
-        _MDS[key] = folder
-    return _MDS[key]
+
+    return _written("mosaicml-streaming", ids, write)
 
 
 def mosaic_segment(scenario: Scenario, folder: Path, segment: int, stop: Optional[int],
@@ -96,13 +142,14 @@ def mosaic_segment(scenario: Scenario, folder: Path, segment: int, stop: Optiona
     from streaming import Stream, StreamingDataLoader, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    clean_stale_shared_memory()  # a previous segment of this process stands for a killed process
-    seed_everything()
-    batch, sources = scenario.batch(segment), source_ids(scenario)
-    common = {"shuffle": True, "shuffle_seed": 0, "batch_size": batch}
-    if len(sources) == 1:
-        data = StreamingDataset(local=_mds(sources[0]), **common)
-    else:
-        data = StreamingDataset(streams=[Stream(local=_mds(s), proportion=0.5) for s in sources], **common)
-    dl = StreamingDataLoader(data, batch_size=batch, num_workers=scenario.workers)
-    return _run_segment(dl, folder, stop, on_first, cost_s)
+    with _process_group():
+        clean_stale_shared_memory()  # a previous segment of this process stands for a killed process
+        seed_everything()
+        batch, sources = scenario.batch(segment), source_ids(scenario)
+        common = {"shuffle": True, "shuffle_seed": 0, "batch_size": batch}
+        if len(sources) == 1:
+            data = StreamingDataset(local=_mds(sources[0]), **common)
+        else:
+            data = StreamingDataset(streams=[Stream(local=_mds(s), proportion=0.5) for s in sources], **common)
+        dl = StreamingDataLoader(data, batch_size=batch, num_workers=scenario.workers)
+        return _run_segment(dl, folder, stop, on_first, cost_s)

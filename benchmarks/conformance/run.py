@@ -42,12 +42,8 @@ def measure_all(quick: bool, rounds: int) -> dict:
             row["cells"] = {s.key: {"verdict": "not yet measured", "reason": missing} for s in chosen}
             continue
         for scenario in chosen:
-            if scenario.processes != (1, 1):
-                if peer.processes:
-                    launched[index] = peer
-                else:
-                    row["cells"][scenario.key] = {"verdict": "not yet measured", "reason": "its 2-process resume hung or failed to connect in "
-                                                  "our launch: not yet diagnosed"}
+            if scenario.processes != (1, 1):  # measured in mp.py's launches, after every row's 1-process cells
+                launched[index] = peer
                 continue
             started = time.perf_counter()
             row["cells"][scenario.key] = cells.measure(peer, scenario)
