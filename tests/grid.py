@@ -141,7 +141,7 @@ def check_chain(out: Path, number: int, chain: Sequence[Cell], references: dict[
                 launches[index], starts[index + 1], len(_steps(launches[index + 1], starts[index + 1]))):
             problems.append(f"launch {index + 1}, resumed on {chain[index]} where it was saved, differs from "
                             f"the steps launch {index} trained past the save")
-    problems += _sources(out / "data", [row for launch in kept for row in launch])
+    problems += source_problems(out / "data", [row for launch in kept for row in launch])
     return [f"chain {number} {chain}: {problem}" for problem in problems]
 
 
@@ -155,7 +155,7 @@ def _steps(ranks: list[list[dict]], after: int, count: Optional[int] = None) -> 
     return [by_step[step] for step in sorted(by_step)][:count]
 
 
-def _sources(data: Path, rows: list[list[int]]) -> list[str]:
+def source_problems(data: Path, rows: list[list[int]]) -> list[str]:
     orders = source_orders(data)
     orders["web"] = [token for token in orders["web"] if mp_grid.keep({"input_ids": [token]})]
     problems = []
@@ -194,7 +194,7 @@ def main() -> None:
     chains = {int(n): everything[int(n)] for n in args.chains.split(",")} if args.chains else everything
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    results = run(args.out, chains, args.timeout_s)
+    results = run(args.out, chains, args.timeout_s, log=lambda line: print(line, flush=True))
     problems, figures = check(args.out, chains)
     failed = [r["folder"] for r in results if not r["ok"]]
     figures.update(launches=len(results), launches_failed=failed, minutes=round((time.monotonic() - started) / 60, 1))

@@ -9,11 +9,34 @@ trained past the save; over the chain every source delivers its documents in its
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import grid
 
 pytest.importorskip("streaming")
+
+
+def test_the_grid_plan_covers_every_ordered_pair_of_cells_and_each_cell_on_itself_in_chains_of_5_resumes():
+    chains = grid.plan()
+    transitions = [(chain[i], chain[i + 1]) for chain in chains for i in range(grid.DEPTH)]
+    assert len(grid.CELLS) == 16 and all(len(chain) == grid.DEPTH + 1 for chain in chains)
+    assert set(transitions) == set(itertools.product(grid.CELLS, grid.CELLS))  # 240 changes, 16 on itself
+    assert len(chains) == 52 and len({(depth, chain[depth]) for chain in chains for depth in range(6)}) == 91
+    # Every launch saves before the data runs out (42 batches of the base loader) and after the last resume.
+    for number, chain in enumerate(chains + [grid.CI_CHAIN]):
+        stops = grid.stops(number, chain)
+        assert stops[:-1] == sorted(set(stops[:-1])) and stops[-1] == -1
+        assert sum(grid.advance(number, d, world) * world for d, (world, _) in enumerate(chain[:-1])) <= 30
+
+
+def test_the_grid_check_finds_a_token_repeated_or_lost(tmp_path):
+    grid.mp_grid.write_data(tmp_path)
+    rows = grid.uninterrupted(tmp_path, 1, 0, grid.mp_grid.pipeline(tmp_path))
+    assert grid.source_problems(tmp_path, rows) == []
+    assert grid.source_problems(tmp_path, rows[:5] + rows[4:]) != []  # row 4 twice
+    assert grid.source_problems(tmp_path, rows[:4] + rows[5:]) != []  # row 4 lost
 
 
 @pytest.mark.multiprocess
