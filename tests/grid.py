@@ -26,7 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import mp_harness
 import mp_grid
@@ -137,22 +137,24 @@ def check_chain(out: Path, number: int, chain: Sequence[Cell], references: dict[
     if kept[0] != references[workers][: len(kept[0])]:
         problems.append(f"the first launch on {chain[0]} is not the uninterrupted run")
     for index in range(DEPTH):
-        if chain[index] == chain[index + 1] and _steps(launches[index + 1], starts[index + 1]) != _steps(
-                launches[index], starts[index + 1], len(_steps(launches[index + 1], starts[index + 1]))):
-            problems.append(f"launch {index + 1}, resumed on {chain[index]} where it was saved, differs from "
-                            f"the steps launch {index} trained past the save")
+        if chain[index] == chain[index + 1]:
+            resumed, before = _steps(launches[index + 1], starts[index + 1]), _steps(launches[index], starts[index + 1])
+            both = min(len(resumed), len(before))
+            if not both or resumed[:both] != before[:both]:
+                problems.append(f"launch {index + 1}, resumed on {chain[index]} where it was saved, is not the "
+                                f"{both} steps launch {index} trained past the save")
     problems += source_problems(out / "data", [row for launch in kept for row in launch])
     return [f"chain {number} {chain}: {problem}" for problem in problems]
 
 
-def _steps(ranks: list[list[dict]], after: int, count: Optional[int] = None) -> list:
-    """The rows of each step after ``after`` (``count`` steps, or all), every rank's, in rank order."""
+def _steps(ranks: list[list[dict]], after: int) -> list:
+    """The rows of each step after ``after``, every rank's, in rank order."""
     by_step: dict = {}
     for entries in ranks:
         for entry in entries:
             if "rows" in entry and entry["step"] > after:
                 by_step.setdefault(entry["step"], []).append(entry["rows"])
-    return [by_step[step] for step in sorted(by_step)][:count]
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def source_problems(data: Path, rows: list[list[int]]) -> list[str]:
@@ -188,13 +190,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("grid_out"))
     parser.add_argument("--chains", default="", help="comma-separated chain numbers (default: all)")
+    parser.add_argument("--check-only", action="store_true", help="check what OUT holds, launching nothing")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="a launch still running then is a hang")
     args = parser.parse_args()
     everything = dict(enumerate(plan()))
     chains = {int(n): everything[int(n)] for n in args.chains.split(",")} if args.chains else everything
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    results = run(args.out, chains, args.timeout_s, log=lambda line: print(line, flush=True))
+    results = [] if args.check_only else run(args.out, chains, args.timeout_s, log=lambda line: print(line, flush=True))
     problems, figures = check(args.out, chains)
     failed = [r["folder"] for r in results if not r["ok"]]
     figures.update(launches=len(results), launches_failed=failed, minutes=round((time.monotonic() - started) / 60, 1))
