@@ -63,7 +63,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 LAUNCH_S = {"test_multiprocess.py": 540, "test_trainer_mp.py": 200, "test_lifecycle_mp.py": 160, "test_torture.py": 150,
             "test_elastic_mp.py": 150, "test_demo.py": 140, "test_endings.py": 100, "test_lm_pipeline_mp.py": 100,
             "test_bitwise.py": 85, "test_check_resume.py": 120, "test_quickstart.py": 75, "test_deepspeed.py": 70,
-            "test_checkpoints_mp.py": 65, "test_sharded.py": 45, "test_failures_mp.py": 45}
+            "test_checkpoints_mp.py": 65, "test_grid_mp.py": 60, "test_sharded.py": 45,
+            "test_failures_mp.py": 45}
 DEFAULT_LAUNCH_S = 20
 SPLIT = ("test_multiprocess.py", "test_lifecycle_mp.py", "test_check_resume.py")
 

@@ -183,3 +183,20 @@ def test_the_dispatchers_length_counts_what_it_yields_after_an_elastic_resume(wo
             if again.batches_yielded < length:  # (after the epoch's last batch the next epoch's length is reported)
                 assert len(again) == length, (steps, loader.ctx.rank)
             assert at + len(got) + sum(1 for _ in again) == length, (steps, loader.ctx.rank)
+
+
+@pytest.mark.parametrize("world,workers", [(4, 1), (6, 0), (12, 2)])
+def test_the_dispatcher_saves_on_many_processes_with_fewer_workers_than_the_step_it_reads_ahead(world, workers):
+    """The dispatcher reads a step (``world`` batches) ahead of the one the loop holds, and the workers prefetch
+    beyond: the stream's state after the last batch taken must still be held when a checkpoint asks for it
+    (the elastic grid found 4 processes with 1 worker refused: "worker 0 no longer holds its state")."""
+    def make():
+        dl = DataLoader(CountingStream(200), batch_size=2, num_workers=workers)
+        return DispatchDataLoader.from_dataloader(dl, DistContext(0, world))
+
+    reference = [b.tolist() for b in make()]
+    loader = make()
+    got, state = take(loader, 3)
+    resumed = make()
+    resumed.load_state_dict(through_files(state, 0))
+    assert [b.tolist() for b in got] + [b.tolist() for b in resumed] == reference

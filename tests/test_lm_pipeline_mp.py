@@ -93,11 +93,13 @@ def kept_rows(launches: list[list[list[dict]]]) -> tuple[list[list[list[int]]], 
     return kept, starts
 
 
-def uninterrupted(data: Path, world: int, workers: int) -> list[list[int]]:
-    """The rows a run on ``world`` processes with ``workers`` workers takes, in global order, without kills."""
+def uninterrupted(data: Path, world: int, workers: int, dataset=None) -> list[list[int]]:
+    """The rows a run on ``world`` processes with ``workers`` workers takes, in global order, without kills
+    (``dataset``: the pipeline, ``lm.pipeline`` by default)."""
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(lm.pipeline(data, lm.WEIGHTS), batch_size=lm.BATCH, num_workers=workers, drop_last=True)
+    dataset = lm.pipeline(data, lm.WEIGHTS) if dataset is None else dataset
+    loader = DataLoader(dataset, batch_size=lm.BATCH, num_workers=workers, drop_last=True)
     batches = [batch["input_ids"].tolist() for batch in loader]
     steps = len(batches) // world  # the dispatcher deals batch i to rank i % world; a last partial step is dropped
     return [row for batch in batches[: steps * world] for row in batch]

@@ -98,7 +98,9 @@ class DispatchDataLoader(DataLoaderAdapter):
         if isinstance(dataloader.dataset, RoundRobinDataset):
             reader = RoundRobinLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         elif isinstance(dataloader.dataset, IterableDataset):
-            reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+            # It reads the next step (one batch per process, or one) before the loop takes this one.
+            reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed,
+                                                             read_ahead=1 if split_batches else ctx.world_size)
         elif uses_batch_sampler(dataloader):
             reader = BatchSamplerDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         else:

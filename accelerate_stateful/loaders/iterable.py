@@ -93,6 +93,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
         multiprocessing_context: Any = None,
         device: Optional[torch.device] = None,
         non_blocking: bool = False,
+        read_ahead: int = 0,
         **loader_settings: Any,
     ) -> None:
         if split_batches and batch_size % ctx.world_size != 0:
@@ -111,7 +112,9 @@ class IterableShardDataLoader(DataLoaderAdapter):
             drop_last=drop_last,
             collate_fn=collate_fn or default_collate,
             num_workers=num_workers,
-            ring_size=(loader_settings.get("prefetch_factor") or 2) * max(num_workers, 1) + 4,
+            # A worker keeps the states after its batches that a checkpoint may still ask for: those its
+            # prefetch holds and those an owner reading ahead of the loop took (the dispatcher: one step).
+            ring_size=(loader_settings.get("prefetch_factor") or 2) * max(num_workers, 1) + 4 + read_ahead,
             slicer=slicer,
             mp_context=multiprocessing_context,
             shown=dataset.source if isinstance(dataset, LogicalShardStream) else dataset,
@@ -155,8 +158,10 @@ class IterableShardDataLoader(DataLoaderAdapter):
         non_blocking: bool = False,
         split_batches: bool = False,
         data_seed: Optional[int] = None,
+        read_ahead: int = 0,
     ) -> "IterableShardDataLoader":
-        """Build the loader that replaces a user's ``DataLoader`` over an ``IterableDataset``."""
+        """Build the loader that replaces a user's ``DataLoader`` over an ``IterableDataset``; ``read_ahead``:
+        the batches its owner may read past the last one the training loop took (the dispatcher's next step)."""
         from ..position._order import choose_seed
 
         ctx = ctx if ctx is not None else DistContext.detect()
@@ -186,6 +191,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             in_order=getattr(dataloader, "in_order", True),
             device=device,
             non_blocking=non_blocking,
+            read_ahead=read_ahead,
             **settings,
         )
 
