@@ -66,6 +66,9 @@ LAUNCH_S = {"test_multiprocess.py": 540, "test_trainer_mp.py": 200, "test_lifecy
             "test_checkpoints_mp.py": 65, "test_grid_mp.py": 60, "test_sharded.py": 45,
             "test_failures_mp.py": 45}
 DEFAULT_LAUNCH_S = 20
+# The launch and the file that open most of mosaicml-streaming's StreamingDatasets (its shared memory is claimed
+# by a race between jobs: mp_grid.py): one after the other on one worker.
+SHARED_MEMORY = ("test_grid_mp.py", "test_object_store_sources.py")
 SPLIT = ("test_multiprocess.py", "test_lifecycle_mp.py", "test_check_resume.py")
 
 
@@ -99,10 +102,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         return
     launches = [item for item in items if item.get_closest_marker("multiprocess")]
     others = [item for item in items if not item.get_closest_marker("multiprocess")]
-    for item, group in zip(launches, _two_halves(launches)):
+    halves = _two_halves(launches)
+    for item, group in zip(launches, halves):
         item.add_marker(pytest.mark.xdist_group(group))
+    alongside = next((group for item, group in zip(launches, halves) if item.path.name == SHARED_MEMORY[0]), None)
     for item in others:
-        item.add_marker(pytest.mark.xdist_group(item.path.name))
+        shares = alongside is not None and item.path.name in SHARED_MEMORY
+        item.add_marker(pytest.mark.xdist_group(alongside if shares else item.path.name))
     items[:] = launches + others
 
 

@@ -91,8 +91,12 @@ def run_link(data: Path, workers: int, chain: Path, index: int, stop: int, tail:
     )
     # No model: the grid judges the data, and a model and optimizer cost every rank 4 CPU-seconds of lazy imports
     # (torch.optim's of torch._dynamo, accelerate's of deepspeed at the first save); test_lm_pipeline_mp trains one.
-    loader = accelerator.prepare(DataLoader(pipeline(data), batch_size=lm.BATCH, num_workers=workers,
-                                            drop_last=True))
+    # mosaicml-streaming's ranks each look for a free slot of shared memory, then meet: another job on the machine
+    # taking that slot between the first rank's look and the last one's makes them disagree and refuse. Met here
+    # first, they look within milliseconds of each other.
+    accelerator.wait_for_everyone()
+    dataset = pipeline(data)
+    loader = accelerator.prepare(DataLoader(dataset, batch_size=lm.BATCH, num_workers=workers, drop_last=True))
     steps = lm.Steps()
     accelerator.register_for_checkpointing(steps)
     resumed = accelerator.resume()
