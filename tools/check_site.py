@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -208,6 +209,12 @@ _READ_PAGE = """
 """
 
 
+def _browsers_own(url: str) -> bool:
+    """Chromium asks for /favicon.ico on its own where a page declares no icon, whenever it chooses (before or after
+    the check has read the page's events): the browser's request, not the page's."""
+    return urllib.parse.urlsplit(url).path == "/favicon.ico"
+
+
 def _problems_in(events: list[dict]) -> list[str]:
     """Console errors, uncaught exceptions, failed requests and error statuses among a page's events."""
     problems = []
@@ -219,12 +226,14 @@ def _problems_in(events: list[dict]) -> list[str]:
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
             problems.append(f"uncaught: {details.get('exception', {}).get('description') or details.get('text')}")
-        elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+        elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error" \
+                and not _browsers_own(params["entry"].get("url", "")):
             entry = params["entry"]
             problems.append(f"console ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}".strip())
         elif method == "Network.loadingFailed" and not params.get("canceled"):
             problems.append(f"request failed: {params.get('errorText')} (request {params.get('requestId')})")
-        elif method == "Network.responseReceived" and params["response"].get("status", 200) >= 400:
+        elif method == "Network.responseReceived" and params["response"].get("status", 200) >= 400 \
+                and not _browsers_own(params["response"].get("url", "")):
             problems.append(f"HTTP {params['response']['status']}: {params['response'].get('url')}")
     return problems
 
