@@ -115,7 +115,7 @@ bench: install
 	$(PY) benchmarks/plot.py bench_out docs/figures
 
 # The resume-correctness table (benchmarks/conformance; not `nox -s conformance`, Accelerate's own tests): every
-# loader killed and resumed the same ways, ~10 minutes on 2 shared cores. It rewrites the table in docs/benchmarks.md,
+# loader killed and resumed the same ways, about 2.5 minutes on 2 cores. It rewrites the table in docs/benchmarks.md,
 # docs/figures/conformance.png and benchmarks/conformance/expected.json, which the suite holds each release to.
 conformance: install
 	mkdir -p bench_out
