@@ -31,7 +31,7 @@ from typing import Sequence
 import mp_harness
 import mp_grid
 from mp_grid import lm
-from test_lm_pipeline_mp import kept_rows, read_launch, source_orders, uninterrupted
+from test_lm_pipeline_mp import kept_rows, read_launch, source_orders, steps_of, uninterrupted
 
 SCRIPT = Path(mp_grid.__file__)
 PROCESSES, WORKERS = (1, 2, 3, 4), (0, 1, 2, 4)
@@ -138,7 +138,7 @@ def check_chain(out: Path, number: int, chain: Sequence[Cell], references: dict[
         problems.append(f"the first launch on {chain[0]} is not the uninterrupted run")
     for index in range(DEPTH):
         if chain[index] == chain[index + 1]:
-            resumed, before = _steps(launches[index + 1], starts[index + 1]), _steps(launches[index], starts[index + 1])
+            resumed, before = (steps_of(launches[i], after=starts[index + 1]) for i in (index + 1, index))
             both = min(len(resumed), len(before))
             if not both or resumed[:both] != before[:both]:
                 problems.append(f"launch {index + 1}, resumed on {chain[index]} where it was saved, is not the "
@@ -146,16 +146,6 @@ def check_chain(out: Path, number: int, chain: Sequence[Cell], references: dict[
     rows = [row for launch in kept for row in launch]
     problems += source_problems(out / "data", rows, len(rows) - len(kept[-1]))
     return [f"chain {number} {chain}: {problem}" for problem in problems]
-
-
-def _steps(ranks: list[list[dict]], after: int) -> list:
-    """The rows of each step after ``after``, every rank's, in rank order."""
-    by_step: dict = {}
-    for entries in ranks:
-        for entry in entries:
-            if "rows" in entry and entry["step"] > after:
-                by_step.setdefault(entry["step"], []).append(entry["rows"])
-    return [by_step[step] for step in sorted(by_step)]
 
 
 def source_problems(data: Path, rows: list[list[int]], before_last: int = 0) -> list[str]:
@@ -185,10 +175,9 @@ def check(out: Path, chains: dict[int, list[Cell]]) -> tuple[list[str], dict]:
         found = check_chain(out, number, chain, references)
         problems += found
         passed += [] if found else [number]
-    pairs = lambda numbers: {(c[i], c[i + 1]) for n in numbers for c in [chains[n]] for i in range(DEPTH)}  # noqa: E731
     figures = {"chains": len(chains), "chains_passed": len(passed)}
     for name, numbers in (("covered", chains), ("passed", passed)):
-        found = pairs(numbers)
+        found = {(chains[n][i], chains[n][i + 1]) for n in numbers for i in range(DEPTH)}
         figures[f"changes_{name}"] = sum(a != b for a, b in found)
         figures[f"same_topology_{name}"] = sum(a == b for a, b in found)
     return problems, figures

@@ -80,17 +80,19 @@ def kept_rows(launches: list[list[list[dict]]]) -> tuple[list[list[list[int]]], 
     starts = [entries[0][0]["step"] for entries in launches]
     kept: list = []
     for index, ranks in enumerate(launches):
-        rows: list = []
         until = starts[index + 1] if index + 1 < len(launches) else float("inf")
-        steps: dict = {}
-        for rank_entries in ranks:
-            for entry in rank_entries:
-                if "rows" in entry and entry["step"] <= until:
-                    steps.setdefault(entry["step"], []).append(entry["rows"])
-        for step in sorted(steps):
-            rows += [row for rank_rows in steps[step] for row in rank_rows]
-        kept.append(rows)
+        kept.append([row for step in steps_of(ranks, until=until) for rank_rows in step for row in rank_rows])
     return kept, starts
+
+
+def steps_of(ranks: list[list[dict]], after: float = float("-inf"), until: float = float("inf")) -> list:
+    """The rows of each step in (``after``, ``until``], in step order: per step, every rank's rows in rank order."""
+    by_step: dict = {}
+    for entries in ranks:
+        for entry in entries:
+            if "rows" in entry and after < entry["step"] <= until:
+                by_step.setdefault(entry["step"], []).append(entry["rows"])
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def uninterrupted(data: Path, world: int, workers: int, dataset=None) -> list[list[int]]:

@@ -98,9 +98,9 @@ class DispatchDataLoader(DataLoaderAdapter):
         if isinstance(dataloader.dataset, RoundRobinDataset):
             reader = RoundRobinLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         elif isinstance(dataloader.dataset, IterableDataset):
-            # It reads the next step (one batch per process, or one) before the loop takes this one.
+            # It reads the next step before the loop takes this one.
             reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed,
-                                                             read_ahead=1 if split_batches else ctx.world_size)
+                                                             read_ahead=_step_batches(split_batches, ctx))
         elif uses_batch_sampler(dataloader):
             reader = BatchSamplerDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
         else:
@@ -140,8 +140,7 @@ class DispatchDataLoader(DataLoaderAdapter):
 
     @property
     def _group(self) -> int:
-        """The reader's batches one step takes."""
-        return 1 if self._split_batches else self.ctx.world_size
+        return _step_batches(self._split_batches, self.ctx)
 
     def _steps_for(self, reader_batches: int) -> int:
         return reader_batches // self._group if self._drop_last else -(-reader_batches // self._group)
@@ -349,3 +348,8 @@ class DispatchDataLoader(DataLoaderAdapter):
         plan = getattr(self._reader, "_plan", None)  # (map-style: the samples those steps take, on every rank)
         self._samples = plan.samples_consumed(target) if plan is not None else None
         self._steps = num_batches
+
+
+def _step_batches(split_batches: bool, ctx: DistContext) -> int:
+    """The reader's batches one step takes: one cut in ``world_size`` parts, or one per process."""
+    return 1 if split_batches else ctx.world_size
