@@ -48,8 +48,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -392,6 +394,7 @@ class Findings:
         self.items: list[str] = []
         self.compared = 0  # runs compared with the uninterrupted one
         self.batch_counts: list[int] = []  # per rank, per epoch
+        self.resumed_kinds: list[str] = []  # the kinds of save point resumed from (``labelled_points``)
 
     def add(self, difference: str) -> None:
         self.items.append(difference)
@@ -526,14 +529,46 @@ def gather_last(acc: accelerate.Accelerator, cfg: dict, ids: torch.Tensor) -> li
 
 
 # --------------------------------------------------------------------------- save points
-def save_points(per_epoch: list[int]) -> list[SavePoint]:
+def labelled_points(per_epoch: list[int]) -> dict[SavePoint, list[str]]:
     """Before the first batch, after the first, mid-epoch, before and after the last (in and after the
-    loop), in later epochs, and after the epoch loop."""
+    loop), in later epochs, and after the epoch loop; each with the kinds of point it is (one point may be
+    several where an epoch is short)."""
     first, later = per_epoch[0], per_epoch[1]
-    points = [("start",)] + [("in", 0, k) for k in sorted({1, first // 2, first - 1, first} - {0})]
-    points += [("after", 0), ("in", 1, 1), ("in", 1, max(later // 2, 1)), ("in", EPOCHS - 1, later),
-               ("after", EPOCHS - 1), ("done",)]
-    return list(dict.fromkeys(points))
+    kinds = [(("start",), "start"), (("in", 0, 1), "first-batch"), (("in", 0, max(first // 2, 1)), "mid-epoch"),
+             (("in", 0, max(first - 1, 1)), "before-last-batch"), (("in", 0, first), "last-batch"),
+             (("after", 0), "after-epoch"), (("in", 1, 1), "next-epoch-first-batch"),
+             (("in", 1, max(later // 2, 1)), "next-epoch-mid"), (("in", EPOCHS - 1, later), "last-epoch-last-batch"),
+             (("after", EPOCHS - 1), "after-last-epoch"), (("done",), "after-the-loop")]
+    points: dict[SavePoint, list[str]] = {}
+    for point, kind in kinds:
+        points.setdefault(point, []).append(kind)
+    return points
+
+
+def save_points(per_epoch: list[int]) -> list[SavePoint]:
+    return list(labelled_points(per_epoch))
+
+
+# Which save points a scenario resumes from. The saving run saves at every point (and must still equal the
+# uninterrupted run); ``make test`` then resumes one point in RESUME_SHARE, rotating through the points from
+# one scenario to the next of a launch (among those with workers, and among those without) so that each kind of
+# point is resumed with and without workers in every launch (``test_multiprocess`` checks it), plus each point
+# a chain of resumes starts from.
+# A resume is a run to the end: with workers each of its epochs forks them, which is most of a launch's time.
+# RESUME_SAMPLE=full (``make test-full``, the soak, a launch by hand) resumes every point; another word draws
+# another rotation.
+RESUME_SHARE = 3
+RESUME_SAMPLE = os.environ.get("RESUME_SAMPLE", "full")
+
+
+def resumed_points(per_epoch: list[int], place: int, sample: str = RESUME_SAMPLE) -> list[SavePoint]:
+    """The save points the ``place``-th scenario of its launch resumes from, in order."""
+    points = save_points(per_epoch)
+    if sample == "full":
+        return points
+    starts = [chain[0] for chain in chains(per_epoch)]
+    offset = (place + int(hashlib.sha1(sample.encode()).hexdigest(), 16)) % RESUME_SHARE
+    return [point for i, point in enumerate(points) if (i + offset) % RESUME_SHARE == 0 or point in starts]
 
 
 def chains(per_epoch: list[int]) -> list[list[SavePoint]]:
@@ -779,7 +814,10 @@ def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
     found.same_steps(reference, saver, "run checkpointing at every save point")
 
     all_chains = chains(per_epoch)
-    for point in points:
+    resumed = resumed_points(per_epoch, cfg["place"])
+    labels = labelled_points(per_epoch)
+    found.resumed_kinds = sorted({kind for point in resumed for kind in labels[point]})
+    for point in resumed:
         # A resume that starts a chain writes the chain's next checkpoint along the way.
         nxt = {c[1]: root / f"chain{j}-1" for j, c in enumerate(all_chains) if c[0] == point}
         before = reference[: batches_before([point], own)]
@@ -835,7 +873,10 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
             if cfg["id"] in LOOP_IDS:
                 found.compared = run_loop_case(cfg["id"], out_dir / "checkpoints" / cfg["id"], found.add)
             else:
-                run_scenario(cfg, out_dir / "checkpoints" / cfg["id"], found)
+                # the rotation runs through the scenarios with workers and those without apart: both resume
+                # from every kind of point in each launch
+                place = [c for c in ALL_SETS[set_name] if (c["workers"] > 0) == (cfg["workers"] > 0)].index(cfg)
+                run_scenario({**cfg, "place": place}, out_dir / "checkpoints" / cfg["id"], found)
         except Exception as exc:  # recorded here, then the launch ends on every rank (mp_harness_rank.run)
             found.add(f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             results.append({"id": cfg["id"], "passed": False, "difference": found.items[0], "raised": True})
@@ -856,6 +897,8 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
             "seconds": round(time.perf_counter() - started, 2),
             "resumes_compared": found.compared,
             "batches_per_rank": found.batch_counts,
+            "resumed_kinds": found.resumed_kinds,
+            "workers": cfg.get("workers", 0),
         })
         path = out_dir / f"rank{state.process_index}.json"
         path.write_text(json.dumps(results, indent=1))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +27,13 @@ from mp_scenarios import (ALL_SETS, HF_STREAMS, SCENARIO_SETS, SOURCE_SETS, disp
                           reads_whole_shards)
 
 SCRIPT = Path(__file__).with_name("mp_scenarios.py")
+# Which save points each scenario resumes from: ``mp_scenarios.resumed_points`` (read here, at import: the tests'
+# fixtures strip ACCELERATE_* variables). ``make test-full`` resumes every point.
+RESUME_SAMPLE = os.environ.get("ACCELERATE_STATEFUL_GRID", "") or "make-test"
+# Every kind of save point (``mp_scenarios.labelled_points``) some scenario of each launch resumes from.
+POINT_KINDS = ["start", "first-batch", "mid-epoch", "before-last-batch", "last-batch", "after-epoch",
+               "next-epoch-first-batch", "next-epoch-mid", "last-epoch-last-batch", "after-last-epoch",
+               "after-the-loop"]
 LAUNCH_TIMEOUT_S = 400  # a launch takes 15-90 s; a stuck one is ended sooner, by the harness's watchdog
 
 # The two-valued settings whose every pair of values each launch must cover.
@@ -52,10 +60,11 @@ def test_every_rank_resumes_exactly_in_real_processes(set_name, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     done = mp_harness.launch(mp_harness.accelerate_command(SCRIPT, [out_dir, set_name], world), tmp_path / "launch",
-                             timeout_s=LAUNCH_TIMEOUT_S, watch=[out_dir], HF_HOME=str(tmp_path / "hf_home"))
+                             timeout_s=LAUNCH_TIMEOUT_S, watch=[out_dir], HF_HOME=str(tmp_path / "hf_home"),
+                             RESUME_SAMPLE=RESUME_SAMPLE)
     print(f"{set_name}: {len(expected)} scenarios on {world} processes in {done.seconds:.1f} s")
 
-    failures = []
+    failures, kinds = [], set()
     for rank in range(world):
         path = out_dir / f"rank{rank}.json"
         if not path.is_file():
@@ -63,6 +72,7 @@ def test_every_rank_resumes_exactly_in_real_processes(set_name, tmp_path):
             continue
         results = json.loads(path.read_text())
         ran = [r["id"] for r in results]
+        kinds.update((r["workers"] > 0, kind) for r in results if "workers" in r for kind in r["resumed_kinds"])
         if ran != expected:
             failures.append(f"rank {rank} finished {ran}, expected {expected}")
         failures += [
@@ -70,6 +80,10 @@ def test_every_rank_resumes_exactly_in_real_processes(set_name, tmp_path):
             + "".join(f"\n  and: {other}" for other in r.get("other_differences", []))
             for r in results if not r["passed"]
         ]
+    for workers in (False, True):
+        missed = [kind for kind in POINT_KINDS if (workers, kind) not in kinds]
+        if done.ok and missed:
+            failures.append(f"no scenario {'with' if workers else 'without'} workers resumed from {missed}")
     assert done.ok and not failures, (
         f"{set_name}: {len(failures)} failure(s):\n" + "\n\n".join(failures) + f"\n\n{done.report()}"
     )
