@@ -40,6 +40,9 @@ def count(life: Any, evaluation: bool = False) -> int:
     a re-run pass.
     """
     live = life.live
+    record = live if live is not None else life.owed
+    if record is not None and record.off_thread:  # a prefetcher thread's: what it took beyond what was trained
+        return untrained(life, record)
     if live is None:
         owed = life.owed
         return 0 if owed is None or not (life.trains or owed.trained) else untrained(life, owed)
@@ -66,6 +69,11 @@ def checkpoint_state(loader: Any, inside: bool = False, trains: bool = False) ->
     holds has a live pass the model trains on (``_carried.scoped_entry``); ``trains``: the checkpoint holds a
     loader the model trains on (:func:`count`'s ``evaluation``).
     """
+    with loader._life.lock:  # a prefetcher thread moves the position and its count together
+        return _checkpoint_state(loader, inside, trains)
+
+
+def _checkpoint_state(loader: Any, inside: bool, trains: bool) -> tuple[dict, int, int]:
     life = loader._life
     count = life.put_back(evaluation=trains)
     if count == 0:
