@@ -99,3 +99,14 @@ def test_a_prefetcher_thread_that_read_its_epoch_to_the_end_puts_back_what_was_n
 @pytest.mark.parametrize("save_after", [1, 4, 5, 7], ids=lambda k: f"after-{k}")
 def test_a_free_running_prefetcher_thread_of_depth_2_resumes_exactly(tmp_path, save_after):
     check_resume_is_exact(tmp_path, free_thread(2), save_after)
+
+
+def test_a_prefetcher_thread_trained_without_accelerator_backward_is_said_at_the_save(tmp_path, caplog):
+    from test_put_back import Run
+
+    run = Run()
+    original = run.acc.backward
+    run.acc.backward = lambda loss: loss.backward()  # a loop that calls loss.backward() itself
+    gated_thread(lambda step: 0)(run, save_after=2, folder=tmp_path / "ckpt")
+    run.acc.backward = original
+    assert "Call accelerator.backward(loss) instead of loss.backward()" in caplog.text
