@@ -161,7 +161,7 @@ class Accelerator(accelerate.Accelerator):
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """Accelerate's ``backward``; also marks that the model was trained while the live passes ran."""
-        _training.note_trained()
+        _training.note_trained(backward=True)
         if _record_switch.active is not None:
             _record_switch.active.loss(loss)
         return super().backward(loss, **kwargs)

@@ -3,7 +3,7 @@
 A program is drawn from a seed: its loaders (sizes, batch sizes, ``drop_last``), the shape of its inner
 loop (``for``, a step-based ``it = iter(dl)``, ``zip``, a nested evaluation cut short, and the plumbing users
 write around two training loaders: ``zip_longest``, ``chain(islice(b, k), a)``, a round-robin of two tasks, a
-look-ahead prefetcher), where it truncates
+look-ahead prefetcher, a prefetcher thread filling a bounded queue), where it truncates
 its epochs, whether it peeks at the top of each epoch or once after resuming, where it saves, when it
 collects garbage, and on which rank it keeps a caught exception (a frame cycle that keeps an iterator
 alive after its function returned) or turns the garbage collector off. Every program is written the way
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import gc
 import itertools
+import queue
 import random
-from collections import deque
 import shutil
+import threading
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -43,7 +45,7 @@ class Program:
     drop_last: bool
     n_b: int
     bs_b: int
-    pattern: str  # "for", "steps", "zip", "nested", "zip_longest", "chain", "roundrobin" or "prefetch"
+    pattern: str  # "for", "steps", "zip", "nested", "zip_longest", "chain", "roundrobin", "prefetch" or "thread"
     limit: Optional[int]  # steps per epoch: a break at the top ("for", "zip", "nested"), the count ("steps")
     restart: str  # "epoch" (range(dl.epoch, E)), "count" (step // len(dl)), "own" (own epoch + set_epoch)
     top_peek: bool
@@ -59,7 +61,8 @@ class Program:
     epochs: int = 3
     query_rank: Optional[int] = None  # asks every query of both loaders, at many points, on that rank only
     eval_top_every: int = 0  # an evaluation cut short (break) at the top of every Nth step, after its batch
-    depth: int = 1  # "chain": the batches of B before A; "prefetch": the batches fetched ahead
+    depth: int = 1  # "chain": the batches of B before A; "prefetch": the batches fetched ahead; "thread": its queue
+    accumulation: int = 2  # gradient accumulation steps (1 with a thread: docs/lifecycle.md)
 
     @property
     def refused(self) -> bool:
@@ -100,10 +103,15 @@ def draw(seed: int, world: int, refusal: bool = False) -> Program:
     shape = plumbing.choice([None, None, "zip_longest", "chain", "prefetch", "roundrobin"])
     if shape == "prefetch" and per_rank <= 2:  # its queue would outlast its first epoch (docs/lifecycle.md)
         shape = "zip_longest"
+    threads = random.Random(seed * 59 + 38)  # drawn apart too: some of the plumbing becomes a prefetcher thread
+    if shape is not None and threads.random() < 0.3:
+        shape = "thread"
     if shape is not None and program.restart != "count":  # the loop keeps no position between steps: no break
         program = replace(program, pattern=shape, limit=None, eval_top_every=0, depth=plumbing.randint(1, 2))
-        if shape == "prefetch" and program.save_after_loop:  # a save after its loop reads as one at its last step:
-            program = replace(program, restart="own")  # the loop says which with its own epoch (lifecycle.md)
+        if shape in ("prefetch", "thread") and program.save_after_loop:  # a save after its loop reads as one at its
+            program = replace(program, restart="own")  # last step: the loop says which with its own epoch
+        if shape == "thread":  # Accelerate's sync at an epoch's end follows the thread's reads (lifecycle.md)
+            program = replace(program, depth=threads.randint(1, 3), accumulation=1)
     return program
 
 
@@ -141,6 +149,7 @@ class Run:
                        drop_last=program.drop_last, generator=torch.Generator().manual_seed(program.seed))
         b = DataLoader(list(range(100, 100 + program.n_b)), batch_size=program.bs_b, shuffle=True,
                        generator=torch.Generator().manual_seed(program.seed + 1))
+        accelerator.gradient_accumulation_steps = program.accumulation
         self.model, self.optimizer, self.a, self.b = accelerator.prepare(model, optimizer, a, b)
         self.ctr = Counters()
         accelerator.register_for_checkpointing(self.ctr)
@@ -189,6 +198,8 @@ class Run:
         self._query()
         if p.pattern == "steps":
             self._steps(epoch)
+        elif p.pattern == "thread":
+            self._thread(epoch)
         elif p.pattern in ("zip_longest", "chain", "prefetch", "roundrobin"):
             self._plumbing(epoch)
         elif p.pattern == "zip":
@@ -272,6 +283,27 @@ class Run:
                 self._query()
                 self._train(epoch, batch)
                 self._maybe_save()
+
+    def _thread(self, epoch: int) -> None:
+        """A prefetcher thread: it calls ``next()`` on A's iterator into a bounded queue, ends the queue with a
+        sentinel at the epoch's end, and the loop trains one batch a step from the queue. How far the thread has read
+        when the model trains or a save runs is a matter of timing."""
+        it, batches, end = iter(self.a), queue.Queue(maxsize=self.p.depth), object()
+
+        def fill() -> None:
+            try:
+                for batch in it:
+                    batches.put(batch)
+            finally:
+                batches.put(end)
+
+        thread = threading.Thread(target=fill, daemon=True)
+        thread.start()
+        while (batch := batches.get()) is not end:
+            self._query()
+            self._train(epoch, batch)
+            self._maybe_save()
+        thread.join()
 
     def _query(self) -> None:
         """On one rank only, every query of both loaders: a log line's reads must change nothing anywhere.

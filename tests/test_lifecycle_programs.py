@@ -45,9 +45,10 @@ def test_a_generated_program_resumed_at_its_checkpoints_continues_exactly(accele
 def test_the_generator_draws_every_loop_shape_and_restart():
     drawn = [programs.draw(seed, world=1) for seed in SEEDS]
     assert {p.pattern for p in drawn} == {"for", "steps", "zip", "nested", "zip_longest", "chain", "prefetch",
-                                              "roundrobin"}
+                                              "roundrobin", "thread"}
     assert {p.restart for p in drawn} == {"epoch", "count", "own"}
     assert any(p.depth == 2 for p in drawn if p.pattern == "prefetch")
+    assert any(p.depth >= 2 for p in drawn if p.pattern == "thread")
     assert any(p.top_peek for p in drawn) and any(p.prologue_peek for p in drawn)
     assert any(p.limit is not None for p in drawn) and any(p.keep_exception_rank == 0 for p in drawn)
     assert any(p.query_rank == 0 for p in drawn) and any(p.eval_top_every for p in drawn)

@@ -207,8 +207,9 @@ class DataLoaderAdapter:
         A pure read: a pass the loop let go is judged at the loader's next event (``iter()``, ``set_epoch``,
         ``accelerator.save_state()``/``load_state()``), never here; until then it is recorded as live.
         """
-        state = dict(self._life.pending.saved) if self._life.replaying() else self._raw_state()
-        state[PASS] = _carried.entry(self._life)  # always present: a library that loads in place must find every key
+        with self._life.lock:  # a prefetcher thread's next() moves the position and the pass's record together
+            state = dict(self._life.pending.saved) if self._life.replaying() else self._raw_state()
+            state[PASS] = _carried.entry(self._life)  # always present: a library that loads in place finds every key
         return state  # type: ignore[return-value]
 
     def _raw_state(self, epoch: Optional[int] = None, position: Optional[dict] = None) -> dict:
@@ -353,7 +354,8 @@ class DataLoaderAdapter:
     def _digest(self) -> tuple:
         """What every rank must agree on when a checkpoint is taken or loaded (``checkpoint._in_step``): the
         lifecycle's point, and the ranges left out (every process must leave out the same samples)."""
-        key, point = self._life.digest()
+        with self._life.lock:
+            key, point = self._life.digest()
         skips = tuple(map(tuple, self._left_out()))
         return (key, skips), point + (skips,)
 

@@ -126,7 +126,10 @@ def _entry(origin: PassOrigin, trained: bool, peeks: int, complete: bool, taken:
 
 
 def untrained(life: Any, record: Any) -> int:
-    """The batches ``record`` (a pass of a loader the model trains on) handed out after its last training step."""
+    """The batches ``record`` (a pass of a loader the model trains on) handed out after its last training step; for
+    a prefetcher thread's pass, those beyond one a ``backward()``."""
+    if record.off_thread:
+        return max(record.handed - record.backwards, 0)
     if record.several or (record.steps < 2 and life.one_a_step is False):
         return max(record.handed - record.trained_at, 0)
     return max(record.handed - record.steps, 0)

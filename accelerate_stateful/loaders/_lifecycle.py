@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
@@ -61,16 +62,28 @@ class Lifecycle:
         # a save puts back those not trained yet, and once all are, a save is inside the loop at its epoch's end.
         self.owed: Optional[PassRecord] = None
         self.one_a_step: Optional[bool] = None  # an earlier pass of this process trained one batch a step
+        self._own_thread()
         _training.install()
+
+    def _own_thread(self) -> None:
+        """The thread that prepared the loader owns it; another thread's ``next()`` (a prefetcher thread) moves the
+        position under ``lock``, which a save's read of the position takes too (briefly: one batch's reading)."""
+        self.owner = threading.get_ident()
+        self.lock = threading.RLock()
 
     def __getstate__(self) -> dict:
         """A copy of the loader (pickled) has no iterator: its live pass is one let go."""
         state = self.__dict__.copy()
         state["_handle"] = state["_loader"] = None  # the loader's __setstate__ gives the copy its own
+        del state["lock"], state["owner"]
         if self.live is not None:
             state["live"] = copy.copy(self.live)
             state["live"].dropped = True
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._own_thread()
 
     # ----------------------------------------------------------------- queries
     def has_open_pass(self) -> bool:
@@ -251,7 +264,9 @@ class Lifecycle:
             record.final = (self._loader._epoch, self._loader._batches_taken())
             record.at_end = self._loader._position_mark()
             self._loader._end_epoch()
-        if untrained(self, record) > 0 and (self.trains or record.trained):
+        # A prefetcher thread's pass ends when the thread reaches its end, a moment that depends on timing: it stays
+        # owed its batches, trained or not yet, until the program moves the loader (every rank alike).
+        if record.off_thread or (untrained(self, record) > 0 and (self.trains or record.trained)):
             self.owed = record
         self._close(record, undone=False)
 
@@ -296,7 +311,7 @@ class Lifecycle:
     def _close(self, record: PassRecord, undone: bool) -> None:
         record.closed = True
         self.trains = self.trains or record.trained
-        if record.steps >= 2:
+        if record.steps >= 2 and not record.off_thread:
             self.one_a_step = not record.several
         if record is not self.owed:
             _training.ended(record)
@@ -350,11 +365,16 @@ class Lifecycle:
         """
         self.settle()
         live, loader, pending = self.live, self._loader, self.pending
-        live_key = None if live is None else (live.kind.value, live.origin.epoch, live.trained, live.handed,
-                                              self.put_back())
         waiting_key = None if pending is None else (pending.origin.epoch, pending.trained, self._replays_left)
-        epoch = loader._epoch if live is None else live.origin.epoch
-        key = (loader.mode, epoch, self.phase.value, live_key, waiting_key)
+        thread = live if live is not None else self.owed
+        if thread is not None and thread.off_thread:  # the batches it trained; not how far the thread read ahead
+            key = (loader.mode, thread.origin.epoch, "thread", thread.kind.value, thread.trained,
+                   thread.handed - self.put_back(), waiting_key)
+        else:
+            live_key = None if live is None else (live.kind.value, live.origin.epoch, live.trained, live.handed,
+                                                  self.put_back())
+            epoch = loader._epoch if live is None else live.origin.epoch
+            key = (loader.mode, epoch, self.phase.value, live_key, waiting_key)
         point = (loader._epoch, loader._batches_taken(), self.phase.value,
                  None if live is None else (live.handed, live.trained), pending is not None)
         return key, point

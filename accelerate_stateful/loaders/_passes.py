@@ -14,6 +14,7 @@ look, so every rank decides the same.
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
@@ -106,17 +107,20 @@ class PassRecord:
         begun: The variant's batches were opened (and the loader registered with Accelerate's GradientState).
         scoped: After a resume, the empty rest of a pass that had ended inside the loops around the saved live
             pass (``_carried.scoped_entry``).
+        off_thread: A thread other than the one that prepared the loader took its batches (a prefetcher thread):
+            which ones it had taken at a training event or a save is a matter of timing, so its batches trained are
+            counted by ``accelerator.backward()`` calls instead (``backwards``), one batch each (``_training``).
     """
 
     __slots__ = ("kind", "origin", "serial", "trained", "peeks", "handed", "trained_at", "steps", "several",
                  "dropped", "closed", "complete", "final", "at_end", "begun", "polls", "taken_at", "scoped",
-                 "step_events", "per_step", "last_hand", "foreign", "own")
+                 "step_events", "per_step", "last_hand", "foreign", "own", "off_thread", "backwards")
 
     def __init__(self, kind: Kind, origin: PassOrigin, serial: int, trained: bool, peeks: int) -> None:
         self.kind, self.origin, self.serial, self.trained, self.peeks = kind, origin, serial, trained, peeks
         self.handed = self.trained_at = self.steps = self.polls = self.taken_at = 0
-        self.step_events = self.per_step = self.last_hand = 0
-        self.foreign = self.own = False
+        self.step_events = self.per_step = self.last_hand = self.backwards = 0
+        self.foreign = self.own = self.off_thread = False
         self.several = False
         self.at_end: Any = None
         self.dropped = self.closed = self.complete = self.begun = self.scoped = False
@@ -141,8 +145,17 @@ class PassHandle:
         return self
 
     def __next__(self) -> Any:
-        record = self._record
         life = self._loader._life
+        if threading.get_ident() == life.owner:
+            return self._next(life)
+        # A prefetcher thread: its batches count as fetched ahead, and the loader's position moves with the pass's
+        # bookkeeping under the lock a save's read takes (``Lifecycle.lock``), never half of one without the other.
+        with life.lock:
+            self._record.off_thread = True
+            return self._next(life)
+
+    def _next(self, life: Any) -> Any:
+        record = self._record
         if record.closed:
             if life.owed is record:  # the loop still asks while it trains what the pass handed out last
                 record.polls += 1

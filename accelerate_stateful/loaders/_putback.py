@@ -40,6 +40,9 @@ def count(life: Any, evaluation: bool = False) -> int:
     a re-run pass.
     """
     live = life.live
+    record = live if live is not None else life.owed
+    if record is not None and record.off_thread:  # a prefetcher thread's: what it took beyond what was trained
+        return untrained(life, record)
     if live is None:
         owed = life.owed
         return 0 if owed is None or not (life.trains or owed.trained) else untrained(life, owed)
@@ -66,6 +69,11 @@ def checkpoint_state(loader: Any, inside: bool = False, trains: bool = False) ->
     holds has a live pass the model trains on (``_carried.scoped_entry``); ``trains``: the checkpoint holds a
     loader the model trains on (:func:`count`'s ``evaluation``).
     """
+    with loader._life.lock:  # a prefetcher thread moves the position and its count together
+        return _checkpoint_state(loader, inside, trains)
+
+
+def _checkpoint_state(loader: Any, inside: bool, trains: bool) -> tuple[dict, int, int]:
     life = loader._life
     count = life.put_back(evaluation=trains)
     if count == 0:
@@ -110,6 +118,14 @@ def checkpoint_states(ctx: DistContext, loaders: Sequence[Any], call: str) -> li
                 "pass and the optimizer step, and before fetching the next batch",
                 call, name, kept,
             )
+        elif put_back and _thread_without_backward(life) and ctx.is_main:
+            logger.warning(
+                "at %s, %s was read by a thread other than the one that prepared it (a prefetcher thread) and the "
+                "model was trained with no accelerator.backward() call: the checkpoint counts a thread's batches as "
+                "trained one per accelerator.backward(), so it puts back all %d batch(es) and a resumed run trains "
+                "them again. Call accelerator.backward(loss) instead of loss.backward()",
+                call, name, put_back,
+            )
         elif put_back and is_a_guess(loader._life) and ctx.is_main:
             logger.warning(
                 "at %s, %s had handed out %d batches before its pass's first training step; the checkpoint counts "
@@ -120,3 +136,9 @@ def checkpoint_states(ctx: DistContext, loaders: Sequence[Any], call: str) -> li
             )
         states.append(state)
     return states
+
+
+def _thread_without_backward(life: Any) -> bool:
+    """Whether a prefetcher thread's pass was trained with no ``accelerator.backward()`` (a program-order fact)."""
+    record = life.live if life.live is not None else life.owed
+    return record is not None and record.off_thread and record.trained and record.backwards == 0

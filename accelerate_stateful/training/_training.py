@@ -24,10 +24,15 @@ trained yet (a look-ahead prefetcher's, the batch of a step saved at its top), w
 (``Lifecycle.put_back``). A pass that reached its end with batches not trained yet stays current while the loop
 trains them: each ``next()`` the loop still asks of it (``polls``, answered ``StopIteration``) takes part in a
 step as a batch would.
+
+A pass whose batches a prefetcher thread takes (``off_thread``) hands them out at moments that depend on timing,
+so none of the above is read from it: each ``accelerator.backward()`` while it is current trains one of its batches
+(``backwards``), and the rest count as fetched ahead. The current passes are changed under ``_lock``.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Protocol
 
 import torch
@@ -52,6 +57,8 @@ class Marked(Protocol):
     trained_at: int
     steps: int
     several: bool
+    off_thread: bool
+    backwards: int
 
 
 _current: list = []  # the current passes, in the order they became current
@@ -60,14 +67,16 @@ _untracked = 0  # training events while no pass was current: batches from a load
 _events = 0  # training events so far in this process
 _hooked = False
 _WATCHED = "_accelerate_stateful_watched"
+_lock = threading.Lock()  # a prefetcher thread hands out batches while the training thread trains
 
 
 def next_serial() -> int:
     """A number for a new pass: passes opened later have larger numbers (any loader, this process). Opening and
     handing out share the count, so a pass's ``serial`` also tells which batches were handed out before it."""
     global _serial
-    _serial += 1
-    return _serial
+    with _lock:
+        _serial += 1
+        return _serial
 
 
 def handed_out(record: Marked, went_on: bool = True) -> None:
@@ -77,6 +86,11 @@ def handed_out(record: Marked, went_on: bool = True) -> None:
 
     ``went_on``: the batch took the program past its saved point (:func:`went_on`; not a re-run peek's).
     """
+    with _lock:
+        _handed_out(record, went_on)
+
+
+def _handed_out(record: Marked, went_on: bool) -> None:
     global _serial, _events
     _serial += 1
     if went_on:
@@ -101,19 +115,29 @@ def handed_out(record: Marked, went_on: bool = True) -> None:
 
 def ended(record: Marked) -> None:
     """``record``'s pass ended (exhausted, closed or judged): it is no longer current."""
-    if record in _current:
-        _current.remove(record)
+    with _lock:
+        if record in _current:
+            _current.remove(record)
 
 
-def note_trained(*_: Any) -> None:
+def note_trained(*_: Any, backward: bool = False) -> None:
     """A training event: every current pass was trained, on every batch it handed out so far (with none current,
-    the batches came from elsewhere)."""
+    the batches came from elsewhere). ``backward``: it is an ``accelerator.backward()``."""
+    with _lock:
+        _note_trained(backward)
+
+
+def _note_trained(backward: bool) -> None:
     global _untracked, _events
     _events += 1
     if not _current:
         _untracked += 1
     for record in _current:
         record.trained = True
+        if record.off_thread:
+            record.backwards += backward
+            record.own = record.own or bool(backward)
+            continue
         taken = record.handed + record.polls  # a ``next()`` past the pass's end takes part in a step too
         if taken > record.taken_at:  # a batch taken since the pass's last training event: a new step
             if record.steps and taken - record.taken_at > 1:
@@ -141,7 +165,8 @@ def went_on() -> None:
     """A pass handed out a batch or ended (not a re-run peek, not an ended pass's empty rest): a resumed program
     went past its saved point."""
     global _events
-    _events += 1
+    with _lock:
+        _events += 1
 
 
 def untracked_events() -> int:
