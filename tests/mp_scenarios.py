@@ -545,6 +545,11 @@ def labelled_points(per_epoch: list[int]) -> dict[SavePoint, list[str]]:
     return points
 
 
+POINT_KINDS = ["start", "first-batch", "mid-epoch", "before-last-batch", "last-batch", "after-epoch",
+               "next-epoch-first-batch", "next-epoch-mid", "last-epoch-last-batch", "after-last-epoch",
+               "after-the-loop"]  # as labelled_points names them, in its order
+
+
 def save_points(per_epoch: list[int]) -> list[SavePoint]:
     return list(labelled_points(per_epoch))
 
@@ -563,12 +568,14 @@ RESUME_SAMPLE = os.environ.get("RESUME_SAMPLE", "full")
 
 def resumed_points(per_epoch: list[int], place: int, sample: str = RESUME_SAMPLE) -> list[SavePoint]:
     """The save points the ``place``-th scenario of its launch resumes from, in order."""
-    points = save_points(per_epoch)
+    labels = labelled_points(per_epoch)
     if sample == "full":
-        return points
+        return list(labels)
     starts = [chain[0] for chain in chains(per_epoch)]
     offset = (place + int(hashlib.sha1(sample.encode()).hexdigest(), 16)) % RESUME_SHARE
-    return [point for i, point in enumerate(points) if (i + offset) % RESUME_SHARE == 0 or point in starts]
+    # by kind, not by place in the list: a short epoch makes two kinds one point, which shifts the places
+    kept = {kind for i, kind in enumerate(POINT_KINDS) if (i + offset) % RESUME_SHARE == 0}
+    return [point for point, kinds in labels.items() if kept.intersection(kinds) or point in starts]
 
 
 def chains(per_epoch: list[int]) -> list[list[SavePoint]]:

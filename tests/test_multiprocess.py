@@ -23,17 +23,13 @@ from typing import Callable
 import pytest
 
 import mp_harness
-from mp_scenarios import (ALL_SETS, HF_STREAMS, SCENARIO_SETS, SOURCE_SETS, dispatches, expected_ids, is_iterable,
-                          reads_whole_shards)
+from mp_scenarios import (ALL_SETS, HF_STREAMS, POINT_KINDS, SCENARIO_SETS, SOURCE_SETS, dispatches, expected_ids,
+                          is_iterable, labelled_points, reads_whole_shards, resumed_points)
 
 SCRIPT = Path(__file__).with_name("mp_scenarios.py")
 # Which save points each scenario resumes from: ``mp_scenarios.resumed_points`` (read here, at import: the tests'
 # fixtures strip ACCELERATE_* variables). ``make test-full`` resumes every point.
 RESUME_SAMPLE = os.environ.get("ACCELERATE_STATEFUL_GRID", "") or "make-test"
-# Every kind of save point (``mp_scenarios.labelled_points``) some scenario of each launch resumes from.
-POINT_KINDS = ["start", "first-batch", "mid-epoch", "before-last-batch", "last-batch", "after-epoch",
-               "next-epoch-first-batch", "next-epoch-mid", "last-epoch-last-batch", "after-last-epoch",
-               "after-the-loop"]
 LAUNCH_TIMEOUT_S = 400  # a launch takes 15-90 s; a stuck one is ended sooner, by the harness's watchdog
 
 # The two-valued settings whose every pair of values each launch must cover.
@@ -183,3 +179,18 @@ def test_scenario_datasets_leave_a_partial_last_batch(set_name):
         global_batch = s["bs"] if s["split"] else s["bs"] * world
         assert s["n"] % global_batch != 0, f"{s['id']}: {s['n']} samples fill every batch of {global_batch}"
         assert not s["split"] or s["bs"] % world == 0, f"{s['id']}: split batch {s['bs']} on {world} ranks"
+
+
+@pytest.mark.parametrize("sample", ["make-test", "other", "full"])
+def test_every_kind_of_save_point_is_resumed_by_any_three_scenarios_in_a_row(sample):
+    """Three scenarios of a launch (of one class: with workers, or without) resume from every kind of point
+    between them, whatever the epochs' lengths (short ones make two kinds one point), and every scenario resumes
+    from the points its chains of resumes start from."""
+    for per_epoch in ([2, 2, 2], [3, 2, 2], [3, 3, 3], [5, 4, 4], [6, 6, 6], [9, 9, 9], [11, 7, 7]):
+        labels = labelled_points(per_epoch)
+        resumed = [resumed_points(per_epoch, place, sample) for place in range(3)]
+        kinds = {kind for points in resumed for point in points for kind in labels[point]}
+        assert kinds == set(POINT_KINDS), (per_epoch, sorted(set(POINT_KINDS) - kinds))
+        assert all(("in", 0, max(per_epoch[0] // 2, 1)) in points and ("after", 0) in points for points in resumed)
+        if sample == "full":
+            assert all(points == list(labels) for points in resumed)
