@@ -86,31 +86,27 @@ def handed_out(record: Marked, went_on: bool = True) -> None:
 
     ``went_on``: the batch took the program past its saved point (:func:`went_on`; not a re-run peek's).
     """
-    with _lock:
-        _handed_out(record, went_on)
-
-
-def _handed_out(record: Marked, went_on: bool) -> None:
     global _serial, _events
-    _serial += 1
-    if went_on:
-        _events += 1
-    record.last_hand, record.foreign = _serial, False
-    if len(_current) == 1 and _current[0] is record:  # a plain loop: nothing else to look at, per batch
-        return
-    stale = False
-    for other in _current:
-        if other.last_hand < record.serial:
-            other.foreign = True
-            # A pass the loop let go before this later pass began (a warm-up ``next(iter(a))``, then
-            # ``chain(islice(b, k), a)`` trains ``b``) is not trained by it. Let go is a flag its iterator's
-            # finalizer sets; an iterator a reference cycle keeps on one rank only stays current there, and the
-            # save's comparison refuses on every rank.
-            stale = stale or other.dropped
-    if stale:
-        _current[:] = [p for p in _current if not (p.dropped and p.last_hand < record.serial)]
-    _current[:] = [p for p in _current if p.serial < record.serial]
-    _current.append(record)
+    with _lock:  # a prefetcher thread hands out batches while the training thread trains
+        _serial += 1
+        if went_on:
+            _events += 1
+        record.last_hand, record.foreign = _serial, False
+        if len(_current) == 1 and _current[0] is record:  # a plain loop: nothing else to look at, per batch
+            return
+        stale = False
+        for other in _current:
+            if other.last_hand < record.serial:
+                other.foreign = True
+                # A pass the loop let go before this later pass began (a warm-up ``next(iter(a))``, then
+                # ``chain(islice(b, k), a)`` trains ``b``) is not trained by it. Let go is a flag its iterator's
+                # finalizer sets; an iterator a reference cycle keeps on one rank only stays current there, and the
+                # save's comparison refuses on every rank.
+                stale = stale or other.dropped
+        if stale:
+            _current[:] = [p for p in _current if not (p.dropped and p.last_hand < record.serial)]
+        _current[:] = [p for p in _current if p.serial < record.serial]
+        _current.append(record)
 
 
 def ended(record: Marked) -> None:
@@ -123,36 +119,32 @@ def ended(record: Marked) -> None:
 def note_trained(*_: Any, backward: bool = False) -> None:
     """A training event: every current pass was trained, on every batch it handed out so far (with none current,
     the batches came from elsewhere). ``backward``: it is an ``accelerator.backward()``."""
-    with _lock:
-        _note_trained(backward)
-
-
-def _note_trained(backward: bool) -> None:
     global _untracked, _events
-    _events += 1
-    if not _current:
-        _untracked += 1
-    for record in _current:
-        record.trained = True
-        if record.off_thread:
-            record.backwards += backward
-            record.own = record.own or bool(backward)
-            continue
-        taken = record.handed + record.polls  # a ``next()`` past the pass's end takes part in a step too
-        if taken > record.taken_at:  # a batch taken since the pass's last training event: a new step
-            if record.steps and taken - record.taken_at > 1:
-                record.several = True  # a step after the first took several batches (not a look-ahead)
-            record.steps += 1
-            record.taken_at, record.trained_at = taken, record.handed
-            record.per_step, record.step_events = record.step_events, 1
-            record.own = not record.foreign
-        else:
-            record.step_events += 1
-            if record.closed and record.per_step and record.step_events > record.per_step:
-                # After its end, a loop that no longer asks it (a generator draining its own queue): a step is
-                # as many training events as the pass's last step before had.
+    with _lock:
+        _events += 1
+        if not _current:
+            _untracked += 1
+        for record in _current:
+            record.trained = True
+            if record.off_thread:
+                record.backwards += backward
+                record.own = record.own or bool(backward)
+                continue
+            taken = record.handed + record.polls  # a ``next()`` past the pass's end takes part in a step too
+            if taken > record.taken_at:  # a batch taken since the pass's last training event: a new step
+                if record.steps and taken - record.taken_at > 1:
+                    record.several = True  # a step after the first took several batches (not a look-ahead)
                 record.steps += 1
-                record.step_events = 1
+                record.taken_at, record.trained_at = taken, record.handed
+                record.per_step, record.step_events = record.step_events, 1
+                record.own = not record.foreign
+            else:
+                record.step_events += 1
+                if record.closed and record.per_step and record.step_events > record.per_step:
+                    # After its end, a loop that no longer asks it (a generator draining its own queue): a step is
+                    # as many training events as the pass's last step before had.
+                    record.steps += 1
+                    record.step_events = 1
 
 
 def events() -> int:
