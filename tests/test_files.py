@@ -125,3 +125,26 @@ def test_a_damaged_checkpoint_is_not_complete(tmp_path, damage, match):
     with pytest.raises(CheckpointError, match=match):
         _files.read_manifest(path)
     assert latest_checkpoint(tmp_path) is None
+
+
+def test_a_checkpoints_listing_is_every_file_below_it_but_hidden_ones_links_to_folders_and_the_manifest(tmp_path):
+    """What a manifest lists: the files of every folder below the checkpoint (hidden folders too: only a hidden
+    file's own name leaves it out), a link to a file as a file, a link to a folder not entered, as
+    ``Path.rglob`` finds them."""
+    from accelerate_stateful.checkpoint import _integrity
+
+    root = tmp_path / "ckpt"
+    for rel in ("model.safetensors", "a/b/c.bin", ".hidden_dir/kept.bin", "accelerate_stateful/loader_0.json",
+                "accelerate_stateful/MANIFEST.json", ".tmp-save", "a/.partial"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "far.bin").write_bytes(b"y")
+    (root / "linked_folder").symlink_to(tmp_path / "outside", target_is_directory=True)
+    (root / "linked_file.bin").symlink_to(root / "model.safetensors")
+    (root / "broken_link").symlink_to(tmp_path / "missing")
+    by_rglob = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                      if not p.name.startswith(".") and p.is_file() and p.name != "MANIFEST.json")
+    assert _integrity.listing(root) == by_rglob == [
+        ".hidden_dir/kept.bin", "a/b/c.bin", "accelerate_stateful/loader_0.json", "linked_file.bin",
+        "model.safetensors"]

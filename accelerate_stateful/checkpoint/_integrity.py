@@ -36,6 +36,7 @@ SUBDIR = "accelerate_stateful"
 MANIFEST = "MANIFEST.json"
 CHECKSUM = "manifest_sha256"
 _CHUNK = 4 << 20
+_PARALLEL_BYTES = 16 << 20  # under this, hashing in one thread (about 30 ms) beats starting a pool
 
 # Reads made by the checkpoint modules: "open" (a file read), "stat" (a size or existence check).
 IO: Counter = Counter()
@@ -46,6 +47,9 @@ def sha256_file(path: Path) -> str:
     IO["open"] += 1
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
+        if os.fstat(f.fileno()).st_size < _CHUNK:  # most files of a checkpoint: one read, no 4 MB buffer
+            digest.update(f.read())
+            return digest.hexdigest()
         buffer = bytearray(_CHUNK)
         view = memoryview(buffer)
         while True:
@@ -67,17 +71,21 @@ def size_of(path: Path) -> Optional[int]:
 def listing(checkpoint: Path) -> list[str]:
     """Every file of the checkpoint folder, relative and sorted: what its manifest lists. Hidden files (a save's
     temporary files, an editor's or a file browser's) and the manifest itself are left out."""
-    checkpoint = Path(checkpoint)
-    found = (p for p in checkpoint.rglob("*") if not p.name.startswith(".") and p.is_file())
-    names = (p.relative_to(checkpoint).as_posix() for p in found)
+    root = os.fspath(checkpoint)
+    names = []
+    for folder, _, files in os.walk(root):  # as Path.rglob: symbolic links to folders are not entered
+        prefix = os.path.relpath(folder, root).replace(os.sep, "/") + "/" if folder != root else ""
+        names += [prefix + name for name in files
+                  if not name.startswith(".") and os.path.isfile(os.path.join(folder, name))]
     return sorted(n for n in names if n != f"{SUBDIR}/{MANIFEST}")
 
 
-def in_parallel(work: Callable[[str], T], names: Iterable[str]) -> list[T]:
-    """``work(name)`` for each name, several files at a time, in order."""
+def in_parallel(work: Callable[[str], T], names: Iterable[str], size: Optional[int] = None) -> list[T]:
+    """``work(name)`` for each name, several files at a time, in order; one at a time where their ``size``
+    (bytes, if known) is read faster than threads start."""
     names = list(names)
     threads = min(len(names), os.cpu_count() or 1, 8)
-    if threads <= 1:
+    if threads <= 1 or (size is not None and size < _PARALLEL_BYTES):
         return [work(n) for n in names]
     with ThreadPoolExecutor(threads, thread_name_prefix="accelerate_stateful-hash") as pool:
         return list(pool.map(work, names))
@@ -87,15 +95,17 @@ def entries(checkpoint: Path, names: Iterable[str], known: Optional[dict[str, di
     """Manifest entries (size, sha256) of ``names``; an entry in ``known`` of the same size is taken as it is
     (the bytes were hashed as they were written)."""
     checkpoint, known = Path(checkpoint), known or {}
+    sizes = {rel: (checkpoint / rel).stat().st_size for rel in names}
+
+    def hashed(rel: str) -> Optional[str]:
+        entry = known.get(rel, {})
+        return entry["sha256"] if entry.get("size") == sizes[rel] and "sha256" in entry else None
 
     def entry(rel: str) -> dict:
-        size = (checkpoint / rel).stat().st_size
-        if rel in known and known[rel].get("size") == size and "sha256" in known[rel]:
-            return {"size": size, "sha256": known[rel]["sha256"]}
-        return {"size": size, "sha256": sha256_file(checkpoint / rel)}
+        return {"size": sizes[rel], "sha256": hashed(rel) or sha256_file(checkpoint / rel)}
 
-    names = list(names)
-    return dict(zip(names, in_parallel(entry, names)))
+    fresh = sum(size for rel, size in sizes.items() if hashed(rel) is None)
+    return dict(zip(sizes, in_parallel(entry, sizes, fresh)))
 
 
 def share(names: Iterable[str], sizes: dict[str, int], index: int, count: int) -> list[str]:
@@ -139,7 +149,8 @@ def problems(checkpoint: Path, manifest: dict, names: Optional[Iterable[str]] = 
     the files present but not listed."""
     listed = manifest["files"]
     names = list(listed if names is None else names)
-    found = in_parallel(lambda rel: file_problem(checkpoint, rel, listed[rel], hashes), names)
+    size = sum(listed[rel].get("size", 0) for rel in names) if hashes else 0
+    found = in_parallel(lambda rel: file_problem(checkpoint, rel, listed[rel], hashes), names, size)
     wrong = [(rel, message) for rel, message in zip(names, found) if message is not None]
     if unlisted:
         wrong += [(rel, unlisted_problem(checkpoint, rel)) for rel in listing(checkpoint) if rel not in listed]
