@@ -82,7 +82,10 @@ class Shuffled(GlobalStream):
         return {"source": self.source}
 
     def check_position(self, position: Any) -> None:
-        check_child(self.source, _checked(position, self.buffer_size)["from"])
+        found = _checked(position, self.buffer_size)
+        for key in ("from", "to"):
+            if key in found:
+                check_child(self.source, found[key])
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
@@ -195,17 +198,22 @@ class _BufferCursor:
 def _checked(position: Optional[Any], size: int) -> Optional[dict]:
     if position is None:
         return None
-    if (isinstance(position, dict) and _POSITION_KEYS <= set(position) <= _POSITION_KEYS | _RECORDED
+    recorded = set(position) - _POSITION_KEYS if isinstance(position, dict) else set()
+    if (isinstance(position, dict) and _POSITION_KEYS <= set(position) and recorded in (set(), _RECORDED)
+            and (not recorded or (_whole(position["seed"]) and position["buffer_size"] == size))
             and isinstance(position["slots"], (list, tuple)) and len(position["slots"]) <= size
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in position["slots"])
+            and all(_whole(n) for n in position["slots"])
             and isinstance(position["ended"], bool)
-            and all(isinstance(position[key], int) and not isinstance(position[key], bool) and position[key] >= 0
-                    for key in ("from_read", "read", "draws"))):
+            and all(_whole(position[key]) for key in ("from_read", "read", "draws"))):
         return position
     raise CheckpointError(
         f"the saved position of a Shuffled source is not one it wrote with buffer_size={size} (got "
         f"{str(position)[:200]}); resume with the buffer_size the checkpoint was written with, or start without loading"
     )
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def exact_shuffle(dataset: Any) -> GlobalStream:
