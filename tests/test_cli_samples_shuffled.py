@@ -10,6 +10,7 @@ run to a second one: the tool's answers from each checkpoint alone must equal wh
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -154,3 +155,15 @@ def test_samples_say_a_shuffled_over_packed_rows_hides_their_documents(tmp_path)
     ckpt = _checkpoint(tmp_path, lambda: Shuffled(Packed([[7] * 5] * 60, 2), 4, seed=1), world=1)
     status, out, err = run_cli("samples", ckpt, "--step", "1")
     assert status == 4 and "(item " in out and "its item" in err and "documents' lengths" in err
+
+
+@pytest.mark.parametrize("taken", [pytest.param(3000, id="source-lasting"), pytest.param(4900, id="buffer-emptying")])
+def test_the_replayed_draws_over_many_blocks_are_the_buffers_own(taken):
+    from accelerate_stateful.cli._shuffled import handed_out
+
+    stream = Shuffled(list(range(5000)), 300, seed=9)  # item r is read number r
+    handed = list(itertools.islice(iter(stream), taken))
+    position = stream.state_dict()["position"]
+    assert position["ended"] == (taken == 4900)
+    ks = list(range(0, taken, 7)) + [taken - 1]
+    assert handed_out(position, ks, 0) == [handed[k] for k in ks]

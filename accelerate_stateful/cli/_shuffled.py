@@ -24,41 +24,43 @@ def is_shuffled(position: Any) -> bool:
 
 
 def handed_out(anchor: Mapping[str, Any], ks: list[int], epoch: int) -> list[int]:
-    """For each ``k`` of ``ks`` (each below the anchor's ``draws``), the read number of the item handed out as ``k``."""
-    from ..sources._draws import Draws  # numpy (not torch), for a Shuffled's samples only
+    """For each ``k`` of ``ks`` (each below the anchor's ``draws``), the read number of the item handed out as ``k``.
 
-    draw, size, last, ends = Draws(anchor["seed"], epoch), anchor["buffer_size"], anchor["read"], anchor["ended"]
-    wanted, found = set(ks), {}
-    slots: list[int] = []
-    read, ended = 0, False
-    for t in range(anchor["draws"]):
-        while not ended and len(slots) < size:
-            if read == last:  # the source has no item left
-                ended = _ends(ends, anchor)
-                break
-            slots.append(read)
-            read += 1
+    While the source lasts, each draw ``t`` of a full buffer picks slot ``s_t`` and puts read number
+    ``buffer_size + t`` there, so it hands out the number the latest earlier draw of ``s_t`` put there (or ``s_t``,
+    filled first): found for every such draw at once with numpy. Once the source has ended, the buffer empties a
+    draw at a time, each moving its last slot into the one drawn, replayed one by one (at most ``buffer_size``).
+    """
+    import numpy as np
+
+    from ..sources._draws import Draws, first_draws  # numpy (not torch), for a Shuffled's samples only
+
+    size, last, ends, stop = anchor["buffer_size"], anchor["read"], anchor["ended"], anchor["draws"]
+    if not stop:
+        return []
+    full = max(0, last - size)  # the draws that read a replacement: the source had ``last`` items
+    if full >= stop if ends else last != size + stop:
+        raise _diverged(anchor)
+    picked = (first_draws(anchor["seed"], epoch, full) % np.uint64(size)).astype(np.int64)
+    order = np.argsort(picked, kind="stable")  # the draws of each slot, in order
+    same = picked[order[1:]] == picked[order[:-1]]
+    put = np.full(full, -1, dtype=np.int64)  # the earlier draw that put the number handed out, if any
+    put[order[1:][same]] = order[:-1][same]
+    out = np.where(put >= 0, size + put, picked)
+    slots = np.arange(min(size, last))
+    latest = np.append(~same, True) if full else np.zeros(0, dtype=bool)  # each slot's latest draw
+    slots[picked[order[latest]]] = size + order[latest]
+    slots, found, draw = slots.tolist(), {}, Draws(anchor["seed"], epoch)
+    for t in range(full, stop):  # the source has ended: the buffer empties
         if not slots:
             raise _diverged(anchor)
         slot = draw(t) % len(slots)
-        if t in wanted:
-            found[t] = slots[slot]
-        if not ended and read < last:
-            slots[slot], read = read, read + 1
-            continue
-        ended = ended or _ends(ends, anchor)
+        found[t] = slots[slot]
         slots[slot] = slots[-1]
         slots.pop()
-    if read != last or ended != ends or slots != list(anchor["slots"]):
+    if slots != list(anchor["slots"]):
         raise _diverged(anchor)
-    return [found[k] for k in ks]
-
-
-def _ends(ends: bool, anchor: Mapping[str, Any]) -> bool:
-    """The replay read every item the buffer had read: the source ended there, if the position says so."""
-    if not ends:
-        raise _diverged(anchor)
-    return True
+    return [found[k] if k >= full else int(out[k]) for k in ks]
 
 
 def _diverged(anchor: Mapping[str, Any]) -> NotAnswerable:

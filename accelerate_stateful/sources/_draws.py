@@ -21,6 +21,15 @@ class Draws:
     def __call__(self, t: int) -> int:
         block = t // _BLOCK
         if block != self._block:
-            bits = np.random.PCG64(np.random.SeedSequence([*self._key, block]))
-            self._block, self._values = block, bits.random_raw(_BLOCK).tolist()
+            self._block, self._values = block, _block(*self._key, block).tolist()
         return self._values[t % _BLOCK]
+
+
+def first_draws(seed: int, epoch: int, count: int) -> np.ndarray:
+    """Draws ``0 .. count - 1`` of :class:`Draws` ``(seed, epoch)`` at once, as ``uint64``."""
+    blocks = [_block(seed, epoch, b) for b in range(-(-count // _BLOCK))]
+    return np.concatenate(blocks)[:count] if blocks else np.zeros(0, dtype=np.uint64)
+
+
+def _block(seed: int, epoch: int, block: int) -> np.ndarray:
+    return np.random.PCG64(np.random.SeedSequence([seed, epoch, block])).random_raw(_BLOCK)
