@@ -3,9 +3,10 @@ document), the buffer's draws replayed from its saved position (issues 26 and 28
 
 Items say where they come from as in ``test_cli_samples_sources`` (``a``: 1000.., ``b``: 2000.. a stateful
 iterable, ``c``: 3000..; an inner mixture's ``x``: 5000..). For random configurations (seeds, buffer sizes, weights,
-1 to 3 simulated ranks, 0 or 2 workers, the buffer over a mixture, under one, or over a list, sources that run out
-while the buffer empties) the loaders run to a save point, are resumed from the files on another worker count and
-run to a second one: the tool's answers from each checkpoint alone must equal what the real loaders yielded.
+1 to 3 simulated ranks, 0 or 2 workers, the shard loader or the dispatcher, the buffer over a mixture, under one,
+or over a list, sources that run out while the buffer empties) the loaders run to a save point, are resumed from
+the files on another worker count and run to a second one: the tool's answers from each checkpoint alone must
+equal what the real loaders yielded.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import random
 import pytest
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import DistContext, IterableShardDataLoader, Mixture, Packed, Shuffled
+from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader, Mixture, Packed, Shuffled
 from accelerate_stateful.checkpoint import _files
 
 from cli_run import cli_json, run_cli, save_checkpoint
@@ -39,9 +40,9 @@ def _dataset(cfg: dict):
 
 
 def _loaders(cfg: dict, workers: int) -> list:
-    return [IterableShardDataLoader.from_dataloader(DataLoader(_dataset(cfg), batch_size=cfg["bs"],
-                                                               num_workers=workers), DistContext(r, cfg["world"]))
-            for r in range(cfg["world"])]
+    build = DispatchDataLoader if cfg["dispatch"] else IterableShardDataLoader
+    return [build.from_dataloader(DataLoader(_dataset(cfg), batch_size=cfg["bs"], num_workers=workers),
+                                  DistContext(r, cfg["world"])) for r in range(cfg["world"])]
 
 
 def _configs() -> list:
@@ -50,10 +51,10 @@ def _configs() -> list:
     for n, (shape, size, items) in enumerate([("over", 1, 400), ("over", 5, 400), ("over", 40, 400),
                                               ("under", 6, 400), ("list", 9, 400), ("over", 16, 12)]):
         world = 1 + n % 3
-        cfg = dict(world=world, shape=shape, size=size, n=items, seed=rng.randrange(1000), bs=2,
+        cfg = dict(world=world, shape=shape, size=size, n=items, seed=rng.randrange(1000), bs=2, dispatch=n == 4,
                    workers=[(0, 2), (2, 0)][n % 2], stops=(2, 2) if items < 100 else sorted(rng.sample(range(1, 9), 2)))
         found.append(pytest.param(cfg, id=f"{shape}-buffer{size}-world{world}-workers{cfg['workers']}"
-                                  + ("-sources-run-out" if items < 100 else "")))
+                                  + ("-dispatched" if n == 4 else "") + ("-sources-run-out" if items < 100 else "")))
     return found
 
 
