@@ -108,7 +108,10 @@ def test_a_position_of_another_buffer_size_or_a_shorter_source_is_refused():
     with pytest.raises(CheckpointError, match="names items outside the stretch.*damaged"):
         list(damaged)
     shorter = Shuffled(list(range(5)), 8)
-    shorter.load_state_dict(saved)
+    with pytest.raises(CheckpointError, match="list of 5 items read in index order is 11"):
+        shorter.load_state_dict(saved)  # the source's position after the buffer's last read is checked at the load
+    old = {key: saved["position"][key] for key in ("from", "from_read", "read", "slots", "draws", "ended")}
+    shorter.load_state_dict({**saved, "position": old})  # a position written before it was recorded
     with pytest.raises(CheckpointError, match="ended after 5 items.*had read 11"):
         list(shorter)
 

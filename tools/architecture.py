@@ -52,6 +52,8 @@ MODULES = {
 # a front door re-exports the names the boxes show and does no step of its own.
 _PLUMBING = "a helper of the box that names its package's main module"
 NOT_DRAWN: dict[str, str] = {
+    "cli/_shuffled.py": "a Shuffled buffer's draws replayed in item numbers, for samples; part of cli/_composed.py",
+    "sources/_draws.py": "a Shuffled buffer's draws, importable without torch; part of shuffle.py",
     "__main__.py": "runs the command line (cli/), which reads checkpoints through checkpoint/",
     "transformers.py": "public import path of integrations/transformers.py",
     "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",

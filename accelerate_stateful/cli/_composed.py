@@ -10,10 +10,13 @@ read again from its start, every ``len`` items: the position says when); a state
 number of its items before it in its own order this epoch; an inner mixture is named the same way,
 from its own position in the share's.
 
+A ``Shuffled`` buffer's item ``k`` is the source's item it handed out as its ``k``-th, replayed from its
+position (``_shuffled``), then named from the source's position after the buffer's last read.
+
 What the positions cannot tell is said, never guessed (``Unknown``): which documents a ``Packed`` row is
 cut from depends on their lengths, which items a ``Filtered`` keeps on its predicate, and a ``Shuffled``
-buffer's draws on a seed its position does not record. A mixture position written before mixtures
-recorded their seed cannot name any source.
+buffer's draws on a seed a position written before it was recorded lacks. A mixture position written
+before mixtures recorded their seed cannot name any source.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Mapping, Optional
 from ..sources._mixture_draw import GOLDEN
 from ..sources.schedule import Picker
 from ._read import NotAnswerable
+from ._shuffled import handed_out, is_shuffled
 
 # The package's other composable sources, told by the keys of their positions, and why their items
 # cannot be named from a position.
@@ -64,16 +68,24 @@ def opaque_kind(position: Any) -> Optional[tuple[str, str]]:
     return None
 
 
-def name_items(anchors: list, ks: list[int], epoch: int) -> list[dict]:
-    """For each global item index of ``ks`` (each below some anchor's ``next``), ``{"source", "document"}``
-    (``document``: the item of that source; ``None`` with ``"unknown"`` saying why, where it cannot be told).
+def is_named(position: Any) -> bool:
+    """Whether ``samples`` names the items of a source with this position: a mixture's, or a buffer's over one."""
+    return is_mixture(position) or is_shuffled(position)
 
-    ``anchors`` are the outermost mixture's saved positions (one per worker share): every share reads the
-    whole sequence, so any share that read past ``k`` anchors it; the nearest is used.
+
+def name_items(anchors: list, ks: list[int], epoch: int) -> list[dict]:
+    """For each global item index of ``ks`` (each below some anchor's count read), ``{"source", "document"}``
+    (``document``: the item of that source; ``None`` with ``"unknown"`` saying why, where it cannot be told;
+    ``source``: ``None`` for the items of a buffer over a single dataset).
+
+    ``anchors`` are the outermost source's saved positions (one per worker share, mixtures or buffers): every
+    share reads the whole sequence, so any share that read past ``k`` anchors it; the nearest is used.
     """
     if not ks:
         return []
     anchor = _nearest(anchors, max(ks))
+    if is_shuffled(anchor):
+        return _source_items(anchor["to"], None, handed_out(anchor, ks, epoch), epoch)
     names, documents = _sweep(anchor, ks, epoch)
     found: list[dict] = [{} for _ in ks]
     for name in set(names):
@@ -86,11 +98,16 @@ def name_items(anchors: list, ks: list[int], epoch: int) -> list[dict]:
 
 def _nearest(anchors: list, k: int) -> Mapping[str, Any]:
     """The position with the smallest ``next`` above ``k``: the shortest sweep back to ``k``."""
-    after = [a for a in anchors if a is not None and a["next"] > k]
+    after = [a for a in anchors if a is not None and _count(a) > k]
     if not after:  # a step is asked only where every share read past it: a damaged state otherwise
-        raise NotAnswerable(f"no saved worker share of the mixture has read its sample {k}; the checkpoint's "
+        raise NotAnswerable(f"no saved worker share of the stream has read its sample {k}; the checkpoint's "
                             "positions disagree with its batch counts, so it cannot say which source that was")
-    return min(after, key=lambda a: a["next"])
+    return min(after, key=_count)
+
+
+def _count(position: Mapping[str, Any]) -> int:
+    """The items a mixture (its ``next``) or a buffer (its draws) has handed out."""
+    return position["draws"] if is_shuffled(position) else position["next"]
 
 
 def _sweep(anchor: Mapping[str, Any], ks: list[int], epoch: int) -> tuple[list[str], list[int]]:
@@ -162,20 +179,32 @@ def _child_items(anchor: Mapping[str, Any], name: str, items: list[int], epoch: 
     drawn = anchor["drawn"][name]
     if position is None or (isinstance(position, int) and not isinstance(position, bool)):
         return [{"source": name, "document": _index(j, drawn, position or 0, restarts)} for j in items]
-    if is_mixture(position):
-        if restarts:
-            return [_unknown(name, j, "it was read again from its start, and an inner Mixture's length is not "
-                                      "recorded") for j in items]
+    if restarts and opaque_kind(position) is None:
+        kind = "an inner Mixture's" if is_mixture(position) else "a Shuffled's" if is_shuffled(position) else \
+            "a stream's"
+        return [_unknown(name, j, f"it was read again from its start, and {kind} length is not recorded")
+                for j in items]
+    return _source_items(position, name, items, epoch)
+
+
+def _source_items(position: Any, name: Any, items: list[int], epoch: int) -> list[dict]:
+    """Items ``items`` of a source read once from its start this epoch, named from its ``position`` (after them):
+    ``name`` is the source's in the mixture above it (``None``: no mixture above)."""
+    if position is None or (isinstance(position, int) and not isinstance(position, bool)):
+        return [{"source": name, "document": j} for j in items]  # a map-style dataset: its index
+    if is_named(position):
         inner = name_items([position], items, epoch)
-        return [dict(item, source=f"{name}/{item['source']}") for item in inner]
+        return [dict(item, source=_joined(name, item["source"])) for item in inner]
     opaque = opaque_kind(position)
     if opaque is not None:
         kind, why = opaque
         return [_unknown(name, j, f"it is a {kind}: {why}") for j in items]
-    if restarts:
-        return [_unknown(name, j, "it was read again from its start, and a stream's length is not recorded")
-                for j in items]
     return [{"source": name, "document": j} for j in items]  # a stateful iterable: its j-th item this epoch
+
+
+def _joined(outer: Any, inner: Any) -> Any:
+    """A source's name below another's (``web/news``); either may be ``None`` (a buffer over one dataset)."""
+    return f"{outer}/{inner}" if outer is not None and inner is not None else inner if outer is None else outer
 
 
 def _index(j: int, drawn: int, position: int, restarts: int) -> int:
@@ -187,6 +216,7 @@ def _index(j: int, drawn: int, position: int, restarts: int) -> int:
     return j % (last_start // restarts)
 
 
-def _unknown(name: str, j: int, why: str) -> dict:
+def _unknown(name: Any, j: int, why: str) -> dict:
+    whose = "" if name is None else f"source '{name}': "
     return {"source": name, "document": None, "item": j,
-            "unknown": Unknown(f"source '{name}': its item {j} this epoch is known, not which document: {why}")}
+            "unknown": Unknown(f"{whose}its item {j} this epoch is known, not which document: {why}")}

@@ -286,4 +286,4 @@ def _shown(batch: dict, i: int) -> str:
         return str(batch["indices"][i])
     sample = batch["samples"][i]
     document = sample["document"] if sample["document"] is not None else f"(item {sample['item']})"
-    return f"{sample['source']}:{document}"
+    return str(document) if sample["source"] is None else f"{sample['source']}:{document}"

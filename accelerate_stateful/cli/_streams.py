@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from ..checkpoint import _state as S
 from ..position._skips import of_epoch
-from ._composed import is_mixture, opaque_kind
+from ._composed import is_named, opaque_kind
 from ._read import NotAnswerable
 
 
@@ -81,13 +81,14 @@ def layout(state: Mapping[str, Any], world: int) -> Layout:
 
 def _refuse_opaque(outer: list) -> None:
     for position in outer:
-        if position is None or is_mixture(position):
+        if position is None or is_named(position):
             continue
         opaque = opaque_kind(position)
         why = f"its outermost source is a {opaque[0]}: {opaque[1]}" if opaque else "its outermost source's position " \
               "is not one samples can read"
         raise NotAnswerable(f"this stream's samples cannot be named from the checkpoint: {why}; samples names "
-                            "the source and document of each sample of a Mixture (with any sources below it)")
+                            "the source and document of each sample of a Mixture or a Shuffled (with any sources "
+                            "below it)")
 
 
 def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, Any]) -> None:

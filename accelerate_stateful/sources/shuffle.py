@@ -16,31 +16,14 @@ from __future__ import annotations
 import collections
 from typing import Any, Optional
 
-import numpy as np
-
 from ..errors import CheckpointError, UnsupportedConfigError
+from ._draws import Draws
 from ._global import Cursor, GlobalStream, check_child, check_source, open_source, plain_copy
 
-_BLOCK = 1024  # draws made at a time; draw t is block t // _BLOCK, element t % _BLOCK
 _POSITION_KEYS = {"from", "from_read", "read", "slots", "draws", "ended"}
-
-
-class Draws:
-    """A counter-based stream of 64-bit draws: draw ``t`` depends on ``(seed, epoch, t)`` only.
-
-    Block ``b`` is PCG64's raw output seeded by ``SeedSequence([seed, epoch, b])``, which numpy
-    keeps the same across versions; the generator's position is therefore the count ``t`` alone.
-    """
-
-    def __init__(self, seed: int, epoch: int) -> None:
-        self._key, self._block, self._values = (seed, epoch), -1, []
-
-    def __call__(self, t: int) -> int:
-        block = t // _BLOCK
-        if block != self._block:
-            bits = np.random.PCG64(np.random.SeedSequence([*self._key, block]))
-            self._block, self._values = block, bits.random_raw(_BLOCK).tolist()
-        return self._values[t % _BLOCK]
+# Recorded for ``accelerate-stateful samples`` (which replays the draws) and never read by a resume, so a
+# position written before them still resumes.
+_RECORDED = {"seed", "buffer_size", "to"}
 
 
 class Shuffled(GlobalStream):
@@ -66,7 +49,8 @@ class Shuffled(GlobalStream):
     position before ``from_read`` items were read), ``read`` (items read from
     the source so far), ``slots`` (for each buffer slot, the number of items
     read before its item: ``buffer_size`` integers, a tuple), ``draws`` (draws made so
-    far) and ``ended`` (whether the source has ended). A resume opens the source
+    far), ``ended`` (whether the source has ended), and, for ``accelerate-stateful samples`` only,
+    ``seed``, ``buffer_size`` and ``to`` (the source's position after ``read`` items). A resume opens the source
     at ``from`` and reads ``read - from_read`` items again, keeping those named
     in ``slots``. ``from`` is refreshed every ``buffer_size / 16`` reads to the
     latest it may be, so ``read - from_read`` is the age of the oldest buffered
@@ -98,7 +82,10 @@ class Shuffled(GlobalStream):
         return {"source": self.source}
 
     def check_position(self, position: Any) -> None:
-        check_child(self.source, _checked(position, self.buffer_size)["from"])
+        found = _checked(position, self.buffer_size)
+        for key in ("from", "to"):
+            if key in found:
+                check_child(self.source, found[key])
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
@@ -133,7 +120,7 @@ class _BufferCursor:
     """The buffer: items in slots, each slot's read number, and positions of the source to read again from."""
 
     def __init__(self, owner: Shuffled, epoch: int, saved: Optional[dict]) -> None:
-        self._size = owner.buffer_size
+        self._size, self._seed = owner.buffer_size, owner.seed
         self._every = max(1, owner.buffer_size // 16)  # reads between two source positions kept
         self._draw = Draws(owner.seed, epoch)
         start = saved or {"from": None, "from_read": 0, "read": 0, "slots": [], "draws": 0, "ended": False}
@@ -204,23 +191,29 @@ class _BufferCursor:
     def position(self) -> dict:
         read, position = self._marks[0]
         return {"from": plain_copy(position), "from_read": read, "read": self._read, "slots": tuple(self._slots),
-                "draws": self._draws, "ended": self._ended}
+                "draws": self._draws, "ended": self._ended, "seed": self._seed, "buffer_size": self._size,
+                "to": plain_copy(self._source.position())}
 
 
 def _checked(position: Optional[Any], size: int) -> Optional[dict]:
     if position is None:
         return None
-    if (isinstance(position, dict) and set(position) == _POSITION_KEYS
+    recorded = set(position) - _POSITION_KEYS if isinstance(position, dict) else set()
+    if (isinstance(position, dict) and _POSITION_KEYS <= set(position) and recorded in (set(), _RECORDED)
+            and (not recorded or (_whole(position["seed"]) and position["buffer_size"] == size))
             and isinstance(position["slots"], (list, tuple)) and len(position["slots"]) <= size
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in position["slots"])
+            and all(_whole(n) for n in position["slots"])
             and isinstance(position["ended"], bool)
-            and all(isinstance(position[key], int) and not isinstance(position[key], bool) and position[key] >= 0
-                    for key in ("from_read", "read", "draws"))):
+            and all(_whole(position[key]) for key in ("from_read", "read", "draws"))):
         return position
     raise CheckpointError(
         f"the saved position of a Shuffled source is not one it wrote with buffer_size={size} (got "
         f"{str(position)[:200]}); resume with the buffer_size the checkpoint was written with, or start without loading"
     )
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def exact_shuffle(dataset: Any) -> GlobalStream:
