@@ -15,6 +15,8 @@ import itertools
 import random
 
 import pytest
+
+from accelerate_stateful.errors import CheckpointError
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader, Mixture, Packed, Shuffled
@@ -141,15 +143,23 @@ def test_a_shuffled_position_written_before_it_recorded_its_seed_is_still_unknow
     assert "source 's': its item" in err and "which its saved position does not record" in err
 
 
-def test_samples_refuse_a_shuffled_epoch_resumed_with_another_seed_rather_than_guess(tmp_path):
+def test_a_resume_with_another_seed_is_refused_and_samples_refuse_a_buffer_its_draws_do_not_give(tmp_path):
+    """A resume with another seed is refused at the load (the order would change); a saved buffer that the draws
+    of its seed do not give (a position edited by hand) is answered "cannot be told", never guessed."""
+    from accelerate_stateful.cli._read import NotAnswerable
+    from accelerate_stateful.cli._shuffled import handed_out
+
     ckpt = _checkpoint(tmp_path, lambda: Shuffled(_mixture(), 10, seed=1), world=1)
     resumed = IterableShardDataLoader.from_dataloader(DataLoader(Shuffled(_mixture(), 10, seed=2), batch_size=3),
                                                       DistContext(0, 1))
-    resumed.load_state_dict(_files.read_loader_state(ckpt, 0, 0))
-    _run([resumed], 2, [])
-    status, out, err = run_cli("samples", _saved(tmp_path, "reseeded", [resumed]), "--consumed")
-    assert status == 4 and out == ""
-    assert "the saved buffer of a Shuffled (seed=2, buffer_size=10) is not the one its draws give" in err
+    with pytest.raises(CheckpointError, match=r"seed=1, this one draws with seed=2"):
+        resumed.load_state_dict(_files.read_loader_state(ckpt, 0, 0))
+        next(iter(resumed))
+    stream = Shuffled(list(range(500)), 10, seed=1)
+    list(itertools.islice(iter(stream), 40))
+    position = dict(stream.state_dict()["position"], seed=2)
+    with pytest.raises(NotAnswerable, match=r"seed=2, buffer_size=10\) is not the one its draws give"):
+        handed_out(position, [0, 39], 0)
 
 
 def test_samples_say_a_shuffled_over_packed_rows_hides_their_documents(tmp_path):

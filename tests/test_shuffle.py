@@ -126,3 +126,20 @@ def test_two_saved_positions_share_nothing_mutable_so_the_loader_keeps_them_with
         list(itertools.islice(items, 40))
         assert stream.state_dict()["position"]["from"] is not None
         assert not shares_mutable_parts(stream.state_dict(), stream.state_dict())
+
+
+def test_a_resume_with_another_seed_than_the_checkpoints_is_refused_naming_both_seeds():
+    """The order after a resume would be another one: refused at the check and at the open, as a Mixture's."""
+    from accelerate_stateful.errors import CheckpointError
+    from accelerate_stateful.sources import Shuffled
+
+    cursor = Shuffled(list(range(50)), 8, seed=3).open(None, epoch=0)
+    for _ in range(12):
+        next(cursor)
+    position = cursor.position()
+    again = Shuffled(list(range(50)), 8, seed=3)
+    again.check_position(position)  # the same seed: accepted
+    other = Shuffled(list(range(50)), 8, seed=4)
+    for call in (other.check_position, lambda p: other.open(p, 0)):
+        with pytest.raises(CheckpointError, match=r"seed=3, this one draws with seed=4.*Shuffled\(\.\.\., seed=3\)"):
+            call(position)

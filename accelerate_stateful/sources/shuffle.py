@@ -83,12 +83,24 @@ class Shuffled(GlobalStream):
 
     def check_position(self, position: Any) -> None:
         found = _checked(position, self.buffer_size)
+        self._check_seed(found)
         for key in ("from", "to"):
             if key in found:
                 check_child(self.source, found[key])
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
-        return _BufferCursor(self, epoch, _checked(position, self.buffer_size))
+        found = _checked(position, self.buffer_size)
+        self._check_seed(found)
+        return _BufferCursor(self, epoch, found)
+
+    def _check_seed(self, position: Optional[dict]) -> None:
+        saved = self.seed if position is None else position.get("seed", self.seed)  # (recorded since `samples`)
+        if saved != self.seed:
+            raise CheckpointError(
+                f"the checkpoint's Shuffled buffer drew with seed={saved!r}, this one draws with seed={self.seed}, so "
+                f"every sample after the resume would come out in another order; resume with Shuffled(..., "
+                f"seed={saved!r}), or start a fresh run"
+            )
 
 
     def agree(self, positions: list) -> tuple[list, list[str]]:
