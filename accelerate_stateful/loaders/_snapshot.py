@@ -64,6 +64,17 @@ class DatasetPosition:
             self.dataset.load_state_dict(copy.deepcopy(initial))
         self._opened.add(pid)
 
+    def pass_start(self) -> Any:
+        """A copy of the dataset where :meth:`open` would start a fresh pass in this process; nothing changes.
+
+        Taken before the saved state of a resumed pass is loaded (``_first_batch``).
+        """
+        twin = copy.deepcopy(self.dataset)
+        pid = os.getpid()
+        if pid in self._opened:
+            twin.load_state_dict(copy.deepcopy(self._initial[pid]))
+        return twin
+
     def fork(self) -> "DatasetPosition":
         """A position over a copy of the dataset that starts where this one starts (another logical
         worker read in this process, see ``_shares``)."""
