@@ -11,6 +11,7 @@ as pickled bytes made by the loader's own processes, as every batch of a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -64,16 +65,18 @@ class DatasetPosition:
             self.dataset.load_state_dict(copy.deepcopy(initial))
         self._opened.add(pid)
 
-    def pass_start(self) -> Any:
-        """A copy of the dataset where :meth:`open` would start a fresh pass in this process; nothing changes.
-
-        Taken before the saved state of a resumed pass is loaded (``_first_batch``).
-        """
-        twin = copy.deepcopy(self.dataset)
+    @contextlib.contextmanager
+    def at_pass_start(self) -> Iterator[Any]:
+        """The dataset where :meth:`open` starts a fresh pass in this process, for the block; then back in the
+        state it had (``_first_batch`` reads a resumed pass's first items again after its end)."""
+        now = copy.deepcopy(self.dataset.state_dict())
         pid = os.getpid()
         if pid in self._opened:
-            twin.load_state_dict(copy.deepcopy(self._initial[pid]))
-        return twin
+            self.dataset.load_state_dict(copy.deepcopy(self._initial[pid]))
+        try:
+            yield self.dataset
+        finally:
+            self.dataset.load_state_dict(now)
 
     def fork(self) -> "DatasetPosition":
         """A position over a copy of the dataset that starts where this one starts (another logical
