@@ -18,7 +18,7 @@ Pipelines (``batch_size=2``):
 
 The last table takes the ``lm`` state of one rank apart: bytes of each part, for B = 1,000 and 10,000.
 
-    python benchmarks/bench_data_state.py                    # about 13 minutes on 2 loaded cores
+    python benchmarks/bench_data_state.py                    # about 4 minutes on 2 loaded cores
     python benchmarks/bench_data_state.py --worlds 1 16 --buffer 100   # seconds
 """
 

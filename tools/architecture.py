@@ -83,6 +83,8 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_shares.py": "a stream's logical workers dealt to another num_workers; " + _PLUMBING,
     "loaders/_stream_rng.py": "a stream's own global RNG states, seeded per pass and recorded per batch; "
                               + _PLUMBING,
+    "loaders/_first_batch.py": "a resumed stream's first items read again to pad its last global batch; "
+                               + _PLUMBING,
     "training/_fsdp2.py": "where FSDP2 keeps the partial gradient, for training/_accumulation (docs/exactness.md)",
     "training/_deepspeed.py": "where DeepSpeed keeps the partial gradient, for training/_accumulation "
                               "(docs/exactness.md)",

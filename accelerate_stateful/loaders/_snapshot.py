@@ -11,6 +11,7 @@ as pickled bytes made by the loader's own processes, as every batch of a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -63,6 +64,19 @@ class DatasetPosition:
         elif pid in self._opened:
             self.dataset.load_state_dict(copy.deepcopy(initial))
         self._opened.add(pid)
+
+    @contextlib.contextmanager
+    def at_pass_start(self) -> Iterator[Any]:
+        """The dataset where :meth:`open` starts a fresh pass in this process, for the block; then back in the
+        state it had (``_first_batch`` reads a resumed pass's first items again after its end)."""
+        now = copy.deepcopy(self.dataset.state_dict())
+        pid = os.getpid()
+        if pid in self._opened:
+            self.dataset.load_state_dict(copy.deepcopy(self._initial[pid]))
+        try:
+            yield self.dataset
+        finally:
+            self.dataset.load_state_dict(now)
 
     def fork(self) -> "DatasetPosition":
         """A position over a copy of the dataset that starts where this one starts (another logical

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._channels import Channels, Ring, WorkerStart
+from ._first_batch import Rereader
 from . import _stream_rng
 from ._shares import Deal, play
 from ._stream_rng import own_rng
@@ -61,21 +62,34 @@ class Slicer:
     def __init__(self, world_size: int, rank: int, per_rank: int, drop_last: bool) -> None:
         self.world_size, self.rank, self.per_rank, self.drop_last = world_size, rank, per_rank, drop_last
 
+    @property
+    def needed(self) -> int:
+        """How many of the pass's first items this rank's padding can take: up to the end of its slice."""
+        return (self.rank + 1) * self.per_rank
+
     def items(self, source: Iterator[Any], memo: dict) -> Iterator[Any]:
-        """Yield this rank's items; ``memo["first"]`` keeps the first global batch for the padding."""
+        """Yield this rank's items, the last global batch padded with the pass's first items.
+
+        ``memo["first"]``: those items, from a checkpoint written before they were left out of it, or
+        kept here when this pass reads its first global batch itself; ``memo["reread"]``: in a resumed
+        pass, reads them again (``_first_batch``).
+        """
         total = self.per_rank * self.world_size
-        own = slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+        own = slice(self.rank * self.per_rank, self.needed)
         current: list = []
         for item in source:
             current.append(item)
             if len(current) == total:
-                if memo.get("first") is None and not self.drop_last:
-                    memo["first"] = list(current)
+                if memo.get("first") is None and memo.get("reread") is None and not self.drop_last:
+                    memo["first"] = current[:self.needed]
                 yield from current[own]
                 current = []
         if self.drop_last or not current:
             return
-        first = memo.get("first") or list(current)
+        first, need = memo.get("first"), self.needed - len(current)
+        if need > 0 and (first is None or len(first) < need) and memo.get("reread") is not None:
+            first = memo["reread"](need)  # a checkpoint's batch of fewer ranks does not cover this rank's pad
+        first = first or list(current)
         while len(current) < total:
             current += first
         yield from current[own]
@@ -185,7 +199,7 @@ class StreamDataset(IterableDataset):
     def share_batches(self, start: WorkerStart, dataset: Any,
                       position: Optional[DatasetPosition]) -> Iterator[Any]:
         """Logical worker ``start.logical``'s batches from ``dataset``, each recorded in the ring."""
-        memo = {"first": (start.state or {}).get("first")}
+        memo = {"first": (start.state or {}).get("first"), "reread": self._rereader(start, dataset, position)}
         items, read = self._open(start, dataset, position)
         if self.slicer is not None:
             items = self.slicer.items(items, memo)
@@ -196,7 +210,7 @@ class StreamDataset(IterableDataset):
             if batch and not (ended and self.drop_last):
                 number += 1
                 key = (start.generation, start.logical, number)
-                self._ring.put(key, self._snapshot(read, memo, ended, position))
+                self._ring.put(key, self._snapshot(read, ended, position))
                 yield (start.logical, number, self.collate_fn(batch))
             if ended:
                 return
@@ -226,13 +240,23 @@ class StreamDataset(IterableDataset):
 
         return counted(), read
 
-    def _snapshot(self, read: list, memo: dict, ended: bool, position: Optional[DatasetPosition]) -> dict:
-        """The position after this batch; the parts it holds are never changed afterwards."""
+    def _rereader(self, start: WorkerStart, dataset: Any,
+                  position: Optional[DatasetPosition]) -> Optional[Rereader]:
+        """For a resumed pass that may pad its last global batch without the first items at hand: their
+        re-read, prepared before the saved position is loaded (``_first_batch``)."""
+        state = start.state
+        if self.slicer is None or self.drop_last or state is None or state["ended"]:
+            return None
+        if len(state.get("first") or ()) >= self.slicer.needed:
+            return None  # a checkpoint written before the first items were left out of it
+        return Rereader(dataset, position, start.epoch)
+
+    def _snapshot(self, read: list, ended: bool, position: Optional[DatasetPosition]) -> dict:
+        """The position after this batch, without the pass's first items (``_first_batch``): its size does not
+        grow with the number of ranks. The parts it holds are never changed afterwards."""
         snapshot: dict = {"items": read[0], "ended": ended, "rng": _stream_rng.record()}
         if position is not None:
             snapshot.update(position.record())
-        if memo.get("first") is not None:
-            snapshot["first"] = memo["first"]  # set once per pass, never changed
         return snapshot
 
 
