@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..training._record_switch import RECORD_ENV
+from ._check_setup import Setup, Variant, counts
 from ._stitch import RecordFiles, Verdict, compare, last_step, stitch
 
 IDENTICAL, DIFFERENT, USAGE, FAILED = 0, 1, 2, 3
@@ -46,6 +47,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--at", type=_steps, metavar="S,S", help="kill after these steps instead of random ones")
     check.add_argument("--chain", type=int, metavar="N",
                        help="resumes in a row from one fresh folder (default: every kill in one chain)")
+    check.add_argument("--workers", type=counts, metavar="W,W",
+                       help="DataLoader workers of each run in turn, e.g. 0,2: run k of a chain uses the k-th "
+                            "(cycling), whatever the script's own num_workers")
     check.add_argument("--seed", type=int, default=0, help="seed of the random kill steps (default 0)")
     check.add_argument("--signal", choices=["KILL", "TERM"], default="KILL", help="the kill's signal (default KILL)")
     check.add_argument("--workdir", type=Path, metavar="DIR",
@@ -101,18 +105,20 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = args.runs if args.runs is not None else Path(tempfile.mkdtemp(prefix="check-resume-"))
     say(f"runs, records and logs in {runs_dir}")
     sig = signal.SIGKILL if args.signal == "KILL" else signal.SIGTERM
+    setup = Setup(command, args.workers)
 
     if args.reference is not None:
         if not args.reference.is_dir():
             return _usage(f"--reference {args.reference}: no such folder; give RUNS/uninterrupted/records of a check")
         ref, took = stitch([RecordFiles(args.reference).take()]), None
     else:
-        reference = _run_command(command, _fresh(runs_dir / "uninterrupted", args.workdir), None, sig, args.timeout, 1)
+        reference = _run_command(setup.variant(1), _fresh(runs_dir / "uninterrupted", args.workdir), None, sig,
+                                 args.timeout, 1)
         if reference.status != 0:
             return _failed(reference, "the uninterrupted run")
         ref, took = stitch([reference.records]), reference.took
     total = max((max(s.steps, default=0) for s in ref.values()), default=0)
-    say(f"uninterrupted run: {total} steps on {len(ref)} rank(s), "
+    say(f"uninterrupted run: {total} steps on {len(ref)} rank(s)" + _with(setup.variant(1)) + ", "
         + (f"{took:.1f} s" if took is not None else f"its records reused from {args.reference}"))
     if total < 2:
         return _fail("the uninterrupted run recorded fewer than 2 optimizer steps, so there is no point to kill it "
@@ -123,23 +129,24 @@ def run(args: argparse.Namespace) -> int:
     size = args.chain or len(points)
     for number, start in enumerate(range(0, len(points), size), 1):
         chain = sorted(points[start:start + size])
-        code = _check_chain(command, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout, ref, number)
+        code = _check_chain(setup, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout, ref, number)
         if code != IDENTICAL:
             return code
     return IDENTICAL
 
 
-def _check_chain(command: list, folder: Path, workdir: Optional[Path], points: list, sig: signal.Signals,
+def _check_chain(setup: Setup, folder: Path, workdir: Optional[Path], points: list, sig: signal.Signals,
                  timeout: Optional[float], ref: dict, number: int) -> int:
     """One chain from a fresh folder: a run per kill point, then one that ends on its own; its verdict."""
     work, records = _fresh(folder, workdir), RecordFiles(folder / "records")
     runs: list[Run] = []
     pending = list(points)
     while True:
-        run_ = _run_command(command, work, pending[0] if pending else None, sig, timeout, len(runs) + 1, records)
+        variant = setup.variant(len(runs) + 1)
+        run_ = _run_command(variant, work, pending[0] if pending else None, sig, timeout, len(runs) + 1, records)
         runs.append(run_)
         resume = _resume_of(run_)
-        _say_run(number, run_, resume, sig)
+        _say_run(number, run_, resume, sig, variant)
         if resume is not None and resume.get("step") is None:
             return _fail(f"run {run_.number} of chain {number} resumed from {resume['checkpoint']}, which no run of "
                          "this check saved, so its steps cannot be matched: leave checkpoints out of --workdir",
@@ -172,16 +179,17 @@ def _fresh(folder: Path, workdir: Optional[Path]) -> Path:
     return work
 
 
-def _run_command(command: list, work: Path, kill_at: Optional[int], sig: signal.Signals, timeout: Optional[float],
+def _run_command(variant: Variant, work: Path, kill_at: Optional[int], sig: signal.Signals, timeout: Optional[float],
                  number: int, records: Optional[RecordFiles] = None) -> Run:
-    """Run ``command`` in ``work``; kill its process group with ``sig`` once its records reach step ``kill_at``."""
+    """Run the variant's command in ``work``; kill its process group with ``sig`` once its records reach
+    step ``kill_at``."""
     records = records or RecordFiles(work.parent / "records")
     records.folder.mkdir(parents=True, exist_ok=True)
     log = work.parent / f"run{number}.log"
-    env = {**os.environ, RECORD_ENV: str(records.folder.resolve())}
+    env = {**os.environ, **variant.env, RECORD_ENV: str(records.folder.resolve())}
     started = time.time()
     with log.open("w") as out:
-        proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(variant.command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         killed_after, seen = _watch(proc, records, kill_at, sig, timeout, started, log)
@@ -226,8 +234,12 @@ def _resume_of(run_: Run) -> Optional[dict]:
     return next((r for r in run_.records.get(0, []) if r.get("event") == "resumed"), None)
 
 
-def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals) -> None:
-    head = f"chain {chain}, run {run_.number}:"
+def _with(variant: Variant) -> str:
+    return f" with {variant.label}" if variant.label else ""
+
+
+def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals, variant: Variant) -> None:
+    head = f"chain {chain}, run {run_.number}{_with(variant)}:"
     first = _first_step_s(run_)
     if run_.number == 1:
         start = "started fresh"
