@@ -1,6 +1,7 @@
 """A tiny training script for ``tests/test_check_resume.py``, with resume bugs the checker must catch.
 
-Run as ``python check_resume_train.py [--bug drop|perturb]``, in the folder the checker gives it: it writes its
+Run as ``python check_resume_train.py [--bug drop|perturb|workers]`` (or with ``accelerate launch`` on 2 or 3
+processes: the global batch stays 6 samples), in the folder the checker gives it: it writes its
 checkpoints under ``run/``, saves in the middle of each of its two epochs (steps 2 and 6), and resumes with
 ``accelerator.resume()``.
 
@@ -42,7 +43,8 @@ def main() -> None:
     )
     set_seed(0)
     data = (WorkerDependent if args.bug == "workers" else TensorDataset)(torch.arange(24), torch.randn(24, 4), torch.randn(24, 1))
-    loader = DataLoader(data, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(0))
+    per_rank = 6 // accelerator.num_processes  # a global batch of 6 on 1, 2 or 3 processes (check-resume --processes)
+    loader = DataLoader(data, batch_size=per_rank, shuffle=True, generator=torch.Generator().manual_seed(0))
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

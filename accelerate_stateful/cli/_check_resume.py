@@ -23,10 +23,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..training._record_switch import RECORD_ENV
-from ._check_setup import Setup, Variant, counts
+from ._check_setup import Setup, Variant, counts, process_counts
+from ._across import compare_across, stitch_across
+from ._check_verdict import verdict_text
 from ._stitch import RecordFiles, Verdict, compare, last_step, stitch
 
 IDENTICAL, DIFFERENT, USAGE, FAILED = 0, 1, 2, 3
@@ -50,6 +52,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--workers", type=counts, metavar="W,W",
                        help="DataLoader workers of each run in turn, e.g. 0,2: run k of a chain uses the k-th "
                             "(cycling), whatever the script's own num_workers")
+    check.add_argument("--processes", type=process_counts, metavar="P,P",
+                       help="processes of each run in turn, e.g. 2,3, written into the command's accelerate launch "
+                            "--num_processes or torchrun --nproc_per_node; samples are then compared all ranks "
+                            "together, losses and weights within a tolerance")
     check.add_argument("--seed", type=int, default=0, help="seed of the random kill steps (default 0)")
     check.add_argument("--signal", choices=["KILL", "TERM"], default="KILL", help="the kill's signal (default KILL)")
     check.add_argument("--workdir", type=Path, metavar="DIR",
@@ -105,18 +111,23 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = args.runs if args.runs is not None else Path(tempfile.mkdtemp(prefix="check-resume-"))
     say(f"runs, records and logs in {runs_dir}")
     sig = signal.SIGKILL if args.signal == "KILL" else signal.SIGTERM
-    setup = Setup(command, args.workers)
+    setup = Setup(command, args.workers, args.processes)
+    try:
+        setup.variant(1)
+    except ValueError as error:
+        return _usage(str(error))
 
     if args.reference is not None:
         if not args.reference.is_dir():
             return _usage(f"--reference {args.reference}: no such folder; give RUNS/uninterrupted/records of a check")
-        ref, took = stitch([RecordFiles(args.reference).take()]), None
+        ref_lines, took = RecordFiles(args.reference).take(), None
     else:
         reference = _run_command(setup.variant(1), _fresh(runs_dir / "uninterrupted", args.workdir), None, sig,
                                  args.timeout, 1)
         if reference.status != 0:
             return _failed(reference, "the uninterrupted run")
-        ref, took = stitch([reference.records]), reference.took
+        ref_lines, took = reference.records, reference.took
+    ref = stitch([ref_lines])
     total = max((max(s.steps, default=0) for s in ref.values()), default=0)
     say(f"uninterrupted run: {total} steps on {len(ref)} rank(s)" + _with(setup.variant(1)) + ", "
         + (f"{took:.1f} s" if took is not None else f"its records reused from {args.reference}"))
@@ -129,14 +140,25 @@ def run(args: argparse.Namespace) -> int:
     size = args.chain or len(points)
     for number, start in enumerate(range(0, len(points), size), 1):
         chain = sorted(points[start:start + size])
-        code = _check_chain(setup, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout, ref, number)
+        code = _check_chain(setup, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout,
+                            _judge(ref_lines, args.processes is not None), number)
         if code != IDENTICAL:
             return code
     return IDENTICAL
 
 
+def _judge(ref_lines: dict, across: bool) -> Callable[[list], tuple[Verdict, int]]:
+    """The comparison of a chain's runs with the uninterrupted run's records, and the reference's rank count:
+    per rank and bitwise, or, with ``--processes``, of all ranks' samples together (``_across.py``)."""
+    if across:
+        ref = stitch_across([ref_lines])
+        return lambda runs: (compare_across(ref, stitch_across(runs)), len(ref_lines))
+    stitched = stitch([ref_lines])
+    return lambda runs: (compare(stitched, stitch(runs)), len(stitched))
+
+
 def _check_chain(setup: Setup, folder: Path, workdir: Optional[Path], points: list, sig: signal.Signals,
-                 timeout: Optional[float], ref: dict, number: int) -> int:
+                 timeout: Optional[float], judge: Callable[[list], tuple[Verdict, int]], number: int) -> int:
     """One chain from a fresh folder: a run per kill point, then one that ends on its own; its verdict."""
     work, records = _fresh(folder, workdir), RecordFiles(folder / "records")
     runs: list[Run] = []
@@ -162,8 +184,9 @@ def _check_chain(setup: Setup, folder: Path, workdir: Optional[Path], points: li
     if len(runs) > 1 and not any(_resume_of(r) for r in runs):
         say(f"chain {number}: no run resumed (each kill came before a checkpoint was complete), so no resume was "
             "checked: kill later (--at) or save earlier")
-    verdict = compare(ref, stitch([r.records for r in runs]))
-    print(_verdict_text(verdict, runs, sig, len(ref)))
+    verdict, ranks = judge([r.records for r in runs])
+    kills = [r.killed_after for r in runs]
+    print(verdict_text(verdict, kills, sum(_resume_of(r) is not None for r in runs), sig, ranks))
     return IDENTICAL if verdict.kind == "identical" else DIFFERENT
 
 
@@ -257,28 +280,6 @@ def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals,
 def _first_step_s(run_: Run) -> Optional[float]:
     times = [r["time"] for lines in run_.records.values() for r in lines if r.get("event") == "step"]
     return min(times) - run_.started if times else None
-
-
-def _verdict_text(verdict: Verdict, runs: list[Run], sig: signal.Signals, ranks: int) -> str:
-    kills = sum(r.killed_after is not None for r in runs)
-    where = (f"{verdict.steps} steps on {ranks} rank(s), {kills} kill(s), "
-             f"{sum(_resume_of(r) is not None for r in runs)} resume(s)")
-    if verdict.kind == "identical":
-        return f"identical: every batch, loss and weight of the {where} matches the uninterrupted run"
-    head = (f"identical samples, weights differ from step {verdict.step}" if verdict.kind == "weights"
-            else f"DIFFERENT samples from step {verdict.step}")
-    lines = [f"{head} (rank {verdict.rank}; {_after_kill(verdict, runs, sig)}; {where}):"]
-    for expected, came in zip(verdict.expected, verdict.came):
-        lines += [f"  expected {expected}", f"  came     {came}"]
-    return "\n".join(lines)
-
-
-def _after_kill(verdict: Verdict, runs: list[Run], sig: signal.Signals) -> str:
-    if verdict.run is None or verdict.run == 0:
-        return ("before any kill: the first run already differs, so the script does not repeat itself when run "
-                "twice (unseeded randomness, or the output folder not fresh?)")
-    killed = runs[verdict.run - 1]
-    return f"after kill {verdict.run}: {sig.name} at step {killed.killed_after}, then run {verdict.run + 1}"
 
 
 def _failed(run_: Run, which: str) -> int:
