@@ -46,7 +46,7 @@ def test_a_correct_script_is_identical_resumed_on_other_workers_and_an_unreached
     assert status == 0, out
     assert "uninterrupted run: 8 steps on 1 rank(s) with 0 DataLoader worker(s)" in out
     assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 1 kill(s), 1 resume(s)" in out
-    assert "the kill after step 99 was never reached: the run ended first" in out
+    assert "the kill at step 99 was never reached: the run ended first" in out
     assert re.search(r"run 1 with 0 DataLoader worker\(s\): started fresh", out)
     assert re.search(r"run 2 with 2 DataLoader worker\(s\): resumed from .*first step [\d.]+ s after its start", out)
 
@@ -70,6 +70,16 @@ def test_weights_changed_at_a_resume_are_caught_though_the_samples_are_identical
     assert status == 1, out
     assert f"identical samples, weights differ from step {saved + 1} (rank 0; after kill 1: SIGTERM" in out
     assert re.search(r"expected loss [\d.]+\n  came     loss [\d.]+\n  expected parameters after the step: digest", out)
+
+
+def test_kills_at_named_moments_are_made_where_the_uninterrupted_run_had_them_and_an_absent_one_is_reported(
+        correct, tmp_path):
+    status, out, _ = _check(tmp_path, "--reference", correct[2], "--at", "save,epoch-end,eval")
+    assert status == 0, out
+    assert "the kill at eval cannot be made: the uninterrupted run never reached that moment" in out
+    assert "run 1: started fresh" in out and "killed at save (the start of the save after step 2) (SIGKILL" in out
+    assert re.search(r"run 2: .*; killed at epoch-end \(step 4\) \(SIGKILL sent once it had recorded step \d\)", out)
+    assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 2 kill(s)" in out
 
 
 def _step(n: int, batch: str, params: str = "p") -> dict:

@@ -20,7 +20,8 @@ SCRIPT = Path(__file__).resolve().parent / "check_resume_train.py"
 
 
 def _check(runs: Path, *args: object, bug: str = "") -> tuple[int, str]:
-    command = ["env", "ACCELERATE_USE_CPU=1", "OMP_NUM_THREADS=1", *accelerate_command(SCRIPT, ["--bug", bug] if bug else [])]
+    script = accelerate_command(SCRIPT, ["--bug", bug] if bug else [])
+    command = ["env", "ACCELERATE_USE_CPU=1", "OMP_NUM_THREADS=1", *script]
     done = run_subprocess([sys.executable, "-m", "accelerate_stateful", "check-resume", "--runs", runs, *args, "--",
                            *command], timeout=900)
     return done.returncode, done.stdout + done.stderr

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..training._record_switch import RECORD_ENV
+from ._kill_points import NAMES, Point, points, resolve
 from ._check_setup import Setup, Variant, counts, process_counts
 from ._across import compare_across, stitch_across
 from ._check_verdict import verdict_text
@@ -46,7 +47,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog="exit codes: 0 identical, 1 a difference, 2 bad arguments, 3 a run failed on its own or recorded "
                "no steps")
     check.add_argument("--kills", type=int, default=3, metavar="K", help="how many kills, at random steps (default 3)")
-    check.add_argument("--at", type=_steps, metavar="S,S", help="kill after these steps instead of random ones")
+    check.add_argument("--at", type=points, metavar="S,S",
+                       help="kill after these steps, or at these moments of the uninterrupted run: "
+                            f"{','.join(NAMES)} (mixable: 3,epoch-end,save), instead of random steps")
     check.add_argument("--chain", type=int, metavar="N",
                        help="resumes in a row from one fresh folder (default: every kill in one chain)")
     check.add_argument("--workers", type=counts, metavar="W,W",
@@ -73,16 +76,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.set_defaults(run=run)
 
 
-def _steps(text: str) -> list[int]:
-    try:
-        steps = [int(s) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give step numbers separated by commas, e.g. 3,7") from None
-    if any(s < 1 for s in steps):
-        raise argparse.ArgumentTypeError(f"{text!r}: steps count from 1 (a kill comes after a step)")
-    return steps
-
-
 def say(line: str) -> None:
     print(f"{PREFIX} {line}", flush=True)
 
@@ -98,6 +91,7 @@ class Run:
     killed_after: Optional[int]
     records: dict
     log: Path
+    kill_at: Optional[Point] = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,10 +130,15 @@ def run(args: argparse.Namespace) -> int:
                      "between steps: does the script make its Accelerator, model and optimizer with "
                      "accelerate_stateful.Accelerator and accelerator.prepare(...)?", FAILED)
     timeout = args.timeout if args.timeout is not None else 5 * took + 60 if took is not None else None
-    points = args.at or sorted(random.Random(args.seed).sample(range(1, total), min(args.kills, total - 1)))
-    size = args.chain or len(points)
-    for number, start in enumerate(range(0, len(points), size), 1):
-        chain = sorted(points[start:start + size])
+    wanted = args.at or sorted(random.Random(args.seed).sample(range(1, total), min(args.kills, total - 1)))
+    kills, missing = resolve(wanted, ref_lines)
+    for name in missing:
+        say(f"the kill at {name} cannot be made: the uninterrupted run never reached that moment")
+    if not kills:
+        return _usage("none of the kill points (--at) can be made: give steps, or moments the run reaches")
+    size = args.chain or len(kills)
+    for number, start in enumerate(range(0, len(kills), size), 1):
+        chain = kills[start:start + size]
         code = _check_chain(setup, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout,
                             _judge(ref_lines, args.processes is not None), number)
         if code != IDENTICAL:
@@ -157,12 +156,12 @@ def _judge(ref_lines: dict, across: bool) -> Callable[[list], tuple[Verdict, int
     return lambda runs: (compare(stitched, stitch(runs)), len(stitched))
 
 
-def _check_chain(setup: Setup, folder: Path, workdir: Optional[Path], points: list, sig: signal.Signals,
+def _check_chain(setup: Setup, folder: Path, workdir: Optional[Path], kills: list, sig: signal.Signals,
                  timeout: Optional[float], judge: Callable[[list], tuple[Verdict, int]], number: int) -> int:
     """One chain from a fresh folder: a run per kill point, then one that ends on its own; its verdict."""
     work, records = _fresh(folder, workdir), RecordFiles(folder / "records")
     runs: list[Run] = []
-    pending = list(points)
+    pending = list(kills)
     while True:
         variant = setup.variant(len(runs) + 1)
         run_ = _run_command(variant, work, pending[0] if pending else None, sig, timeout, len(runs) + 1, records)
@@ -177,16 +176,15 @@ def _check_chain(setup: Setup, folder: Path, workdir: Optional[Path], points: li
             if run_.status != 0:
                 return _failed(run_, f"run {run_.number} of chain {number}")
             break
-        while pending and pending[0] <= run_.killed_after:
-            pending.pop(0)
+        pending = [p for p in pending[1:] if p.order > run_.killed_after]
     for point in pending:
-        say(f"chain {number}: the kill after step {point} was never reached: the run ended first")
+        say(f"chain {number}: the kill at {point.describe()} was never reached: the run ended first")
     if len(runs) > 1 and not any(_resume_of(r) for r in runs):
         say(f"chain {number}: no run resumed (each kill came before a checkpoint was complete), so no resume was "
             "checked: kill later (--at) or save earlier")
     verdict, ranks = judge([r.records for r in runs])
-    kills = [r.killed_after for r in runs]
-    print(verdict_text(verdict, kills, sum(_resume_of(r) is not None for r in runs), sig, ranks))
+    killed = [r.killed_after for r in runs]
+    print(verdict_text(verdict, killed, sum(_resume_of(r) is not None for r in runs), sig, ranks))
     return IDENTICAL if verdict.kind == "identical" else DIFFERENT
 
 
@@ -202,7 +200,7 @@ def _fresh(folder: Path, workdir: Optional[Path]) -> Path:
     return work
 
 
-def _run_command(variant: Variant, work: Path, kill_at: Optional[int], sig: signal.Signals, timeout: Optional[float],
+def _run_command(variant: Variant, work: Path, kill_at: Optional[Point], sig: signal.Signals, timeout: Optional[float],
                  number: int, records: Optional[RecordFiles] = None) -> Run:
     """Run the variant's command in ``work``; kill its process group with ``sig`` once its records reach
     step ``kill_at``."""
@@ -220,21 +218,22 @@ def _run_command(variant: Variant, work: Path, kill_at: Optional[int], sig: sign
         _end_group(proc)
     for rank, lines in records.take().items():
         seen.setdefault(rank, []).extend(lines)
-    return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log)
+    return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log, kill_at)
 
 
-def _watch(proc: subprocess.Popen, records: RecordFiles, kill_at: Optional[int], sig: signal.Signals,
+def _watch(proc: subprocess.Popen, records: RecordFiles, kill_at: Optional[Point], sig: signal.Signals,
            timeout: Optional[float], started: float, log: Path) -> tuple[Optional[int], dict]:
     """Read the run's records while it runs; signal its group once they reach ``kill_at``."""
     seen: dict[int, list] = {}
     killed_after = None
     while proc.poll() is None:
-        for rank, lines in records.take().items():
+        new = records.take()
+        for rank, lines in new.items():
             seen.setdefault(rank, []).extend(lines)
-        step = last_step(seen)
-        if kill_at is not None and killed_after is None and step is not None and step >= kill_at:
+        reached = kill_at is not None and any(kill_at.reached(r) for r in new.get(0, []))
+        if reached and killed_after is None:
             os.killpg(proc.pid, sig)
-            killed_after = step
+            killed_after = last_step(seen) or 0
         if timeout is not None and time.time() - started > timeout:
             with log.open("a") as out:
                 out.write(f"\n{PREFIX} stopped: still running after {timeout:.0f} s (--timeout)\n")
@@ -272,7 +271,7 @@ def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals,
     else:
         start = "started fresh (no complete checkpoint to resume from)"
     timing = f", first step {first:.2f} s after its start" if first is not None else ", no step"
-    end = (f"killed ({sig.name} sent once it had recorded step {run_.killed_after})"
+    end = (f"killed at {run_.kill_at.describe()} ({sig.name} sent once it had recorded step {run_.killed_after})"
            if run_.killed_after is not None else f"ended on its own (status {run_.status})")
     say(f"{head} {start}{timing}; {end}")
 

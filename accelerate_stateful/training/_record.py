@@ -12,6 +12,9 @@ leaves what it recorded up to the kill:
   far, each loss ``accelerator.backward`` saw, and a digest of the prepared models' parameters after the step
   with their norm (compared within a tolerance when the process count changes between resumes);
 - ``saving``: ``save_state`` chose its folder: the checkpoint holds the run as of this step;
+- ``backward``: ``accelerator.backward`` was called (``n``: its count in the step being made), and ``eval``: an
+  evaluation batch was handed out (a prepared model was in ``eval()`` mode; once per step), so ``check-resume``
+  can name these moments as kill points; each ``step`` line also has the training loader's ``epoch``;
 - ``resumed``: a checkpoint was loaded; the steps that follow continue from the step it was saved at.
 
 The step a checkpoint was saved at is read back from the ``saving`` lines of the runs before (the folder is
@@ -146,6 +149,8 @@ class Recorder:
             self._file.write("\n")
         self._watching = False  # the first prepared optimizer's steps are recorded
         self.step, self.chain = 0, ""
+        self._epoch: Optional[int] = None  # the training loader's, at its last batch
+        self._evaluated = False  # an evaluation batch since the last step
         self._batches: list = []
         self._losses: list = []
         self._write({"event": "start", "pid": os.getpid(), "time": time.time()})
@@ -164,18 +169,27 @@ class Recorder:
             self._watching = True
             optimizer.register_step_post_hook(self._stepped)
 
-    def batch(self, batch: Any) -> None:
+    def batch(self, batch: Any, loader: Any = None) -> None:
+        accelerator = self._accelerator()
+        if accelerator is not None and any(not m.training for m in accelerator._models):
+            if not self._evaluated:
+                self._evaluated = True
+                self._write({"event": "eval", "step": self.step})
+        elif loader is not None:
+            self._epoch = getattr(loader, "epoch", None)
         digest = batch_digest(batch)
         self.chain = _hash(self.chain.encode(), digest.encode())
         self._batches.append([digest, peek(batch), sample_digests(batch)])
 
     def loss(self, loss: Any) -> None:
         self._losses.append(_loss_value(loss))
+        self._write({"event": "backward", "step": self.step + 1, "n": len(self._losses)})
 
     def _stepped(self, *_: Any) -> None:
         self.step += 1
-        self._write({"event": "step", "step": self.step, "batches": self._batches, "chain": self.chain,
-                     "losses": self._losses, **self._params(), "time": time.time()})
+        self._write({"event": "step", "step": self.step, "epoch": self._epoch, "batches": self._batches,
+                     "chain": self.chain, "losses": self._losses, **self._params(), "time": time.time()})
+        self._evaluated = False
         self._batches, self._losses = [], []
 
     def _params(self) -> dict:
