@@ -1,13 +1,15 @@
 """``accelerate-stateful check-resume``: does the user's own command resume exactly? (``docs/check-resume.md``)
 
 It runs the command once uninterrupted, then again from a fresh folder, killing it after chosen or random steps
-and running the same command after each kill (a chain of resumes) until a run ends on its own. Every run records,
-per rank and per optimizer step, what it trained on (``training/_record.py``, switched on through the
-environment); the chain's records, stitched at each resume, must equal the uninterrupted run's.
+and running the command again after each kill (a chain of resumes, each run on the processes and workers of its
+turn: ``_check_setup.py``) until a run ends on its own. Every run records, per rank and per optimizer step, what
+it trained on (``training/_record.py``, switched on through the environment); the chain's records, stitched at
+each resume, must equal the uninterrupted run's (per rank, or all ranks together across process counts:
+``_across.py``).
 
-Kill points are steps: a run is killed (its whole process group: ``accelerate launch`` starts children) as soon
-as its records reach the step, so where it stops never depends on a timer. This module imports neither torch nor
-accelerate: the command's processes do.
+Kill points are steps or named moments found in the records (``_kill_points.py``): a run is killed (its whole
+process group: ``accelerate launch`` starts children) as soon as its records reach the point, so where it stops
+never depends on a timer. This module imports neither torch nor accelerate: the command's processes do.
 """
 
 from __future__ import annotations
