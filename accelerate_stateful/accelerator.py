@@ -21,6 +21,7 @@ from .checkpoint import _pending
 from .training import _preemption
 from .training import _record_switch
 from .training import _record
+from .training._check_workers import with_checker_workers
 from .checkpoint import _resume
 from .checkpoint import _stock
 from .training import _rng
@@ -108,6 +109,7 @@ class Accelerator(accelerate.Accelerator):
             return data_loader
         if device_placement is None:
             device_placement = self.device_placement
+        data_loader = with_checker_workers(data_loader)  # only under `accelerate-stateful check-resume --workers`
         data_loader = read_by_index(data_loader)  # a streaming dataset's IterableDataset-ness must not decide
         dispatch = self.dispatch_batches
         if dispatch is None:

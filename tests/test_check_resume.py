@@ -37,16 +37,25 @@ def correct(tmp_path_factory) -> tuple[int, str, Path]:
     """A check of the correct script; its uninterrupted run is the reference of the planted bugs' checks (a bug
     acts only after a resume, so their uninterrupted runs are this one: each process start costs seconds)."""
     runs = tmp_path_factory.mktemp("correct")
-    status, out, _ = _check(runs, "--at", "3,99")
+    status, out, _ = _check(runs, "--workers", "0,2", "--at", "3,99")
     return status, out, runs / "uninterrupted" / "records"
 
 
-def test_a_correct_script_is_identical_and_an_unreached_kill_point_is_reported(correct):
+def test_a_correct_script_is_identical_resumed_on_other_workers_and_an_unreached_kill_point_is_reported(correct):
     status, out, _ = correct
     assert status == 0, out
+    assert "uninterrupted run: 8 steps on 1 rank(s) with 0 DataLoader worker(s)" in out
     assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 1 kill(s), 1 resume(s)" in out
-    assert "the kill after step 99 was never reached: the run ended first" in out
-    assert re.search(r"run 2: resumed from .*first step [\d.]+ s after its start", out)
+    assert "the kill at step 99 was never reached: the run ended first" in out
+    assert re.search(r"run 1 with 0 DataLoader worker\(s\): started fresh", out)
+    assert re.search(r"run 2 with 2 DataLoader worker\(s\): resumed from .*first step [\d.]+ s after its start", out)
+
+
+def test_a_dataset_that_depends_on_its_worker_is_caught_when_the_resume_changes_the_workers(correct, tmp_path):
+    status, out, saved = _check(tmp_path, "--reference", correct[2], "--workers", "0,2", "--at", "3", bug="workers")
+    assert status == 1, out
+    assert f"DIFFERENT samples from step {saved + 1} (rank 0; after kill 1: SIGKILL at step" in out
+    assert re.search(r"came     batch 1 of the step: \[\d{3}, ", out)  # ids shifted by the worker that read them
 
 
 def test_a_loader_that_drops_a_batch_at_a_resume_is_caught_at_the_first_step_after_the_checkpoint(correct, tmp_path):
@@ -61,6 +70,16 @@ def test_weights_changed_at_a_resume_are_caught_though_the_samples_are_identical
     assert status == 1, out
     assert f"identical samples, weights differ from step {saved + 1} (rank 0; after kill 1: SIGTERM" in out
     assert re.search(r"expected loss [\d.]+\n  came     loss [\d.]+\n  expected parameters after the step: digest", out)
+
+
+def test_kills_at_named_moments_are_made_where_the_uninterrupted_run_had_them_and_an_absent_one_is_reported(
+        correct, tmp_path):
+    status, out, _ = _check(tmp_path, "--reference", correct[2], "--at", "save,epoch-end,eval")
+    assert status == 0, out
+    assert "the kill at eval cannot be made: the uninterrupted run never reached that moment" in out
+    assert "run 1: started fresh" in out and "killed at save (the start of the save after step 2) (SIGKILL" in out
+    assert re.search(r"run 2: .*; killed at epoch-end \(step 4\) \(SIGKILL sent once it had recorded step \d\)", out)
+    assert "identical: every batch, loss and weight of the 8 steps on 1 rank(s), 2 kill(s)" in out
 
 
 def _step(n: int, batch: str, params: str = "p") -> dict:
@@ -95,3 +114,34 @@ def test_recording_is_off_unless_the_checker_asks(monkeypatch, tmp_path):
     monkeypatch.delenv(_record_switch.RECORD_ENV)
     Accelerator(cpu=True)
     assert _record_switch.active is None
+
+
+def test_the_checkers_worker_count_replaces_a_prepared_loaders_own_and_leaves_the_users_loader_alone(monkeypatch):
+    import torch
+    from accelerate.utils import DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+
+    from accelerate_stateful import Accelerator
+    from accelerate_stateful.training._check_workers import with_checker_workers
+
+    monkeypatch.setattr(_record_switch, "active", None)
+    mine = DataLoader(torch.arange(8), batch_size=2, num_workers=2, prefetch_factor=3, persistent_workers=True)
+    monkeypatch.setenv(_record_switch.WORKERS_ENV, "0")
+    prepared = with_checker_workers(mine)
+    assert (prepared.num_workers, prepared.prefetch_factor, prepared.persistent_workers) == (0, None, False)
+    assert [b.tolist() for b in prepared] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert (mine.num_workers, mine.prefetch_factor, mine.persistent_workers) == (2, 3, True)
+    monkeypatch.setenv(_record_switch.WORKERS_ENV, "2")
+    stateful = DataLoaderConfiguration(use_stateful_dataloader=True)
+    assert Accelerator(cpu=True, dataloader_config=stateful).prepare(DataLoader(torch.arange(8))).num_workers == 2
+
+
+@pytest.mark.parametrize("value", ["two", "-1", "1.5"])
+def test_a_worker_count_that_is_not_a_whole_number_is_refused_naming_the_variable(monkeypatch, value):
+    from accelerate_stateful.errors import UnsupportedConfigError
+    from accelerate_stateful.training._check_workers import workers_override
+
+    monkeypatch.setenv(_record_switch.WORKERS_ENV, value)
+    with pytest.raises(UnsupportedConfigError, match=f"ACCELERATE_STATEFUL_NUM_WORKERS='{re.escape(value)}' is not a "
+                                                      "DataLoader worker count: give a whole number, 0 or more"):
+        workers_override()

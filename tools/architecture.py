@@ -119,6 +119,11 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_stitch.py": "check-resume's records stitched across resumes and compared (docs/check-resume.md)",
     "training/_record.py": "what each step trained on, recorded only under check-resume (docs/check-resume.md)",
     "training/_record_switch.py": "check-resume's record switch and lines, without torch; part of _record.py",
+    "training/_check_workers.py": "check-resume --workers: the DataLoader workers a run is prepared with",
+    "cli/_across.py": "check-resume --processes: records compared all ranks together (docs/check-resume.md)",
+    "cli/_check_verdict.py": "check-resume's verdict in words; part of _check_resume.py",
+    "cli/_kill_points.py": "check-resume --at: steps and named moments, found in the records; part of _check_resume.py",
+    "cli/_check_setup.py": "check-resume: each run's command, processes and workers; part of _check_resume.py",
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "position/_skips.py": "samples left out of an epoch's order (skip_samples), shared by the shard loader, the "

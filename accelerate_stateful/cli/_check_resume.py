@@ -1,13 +1,15 @@
 """``accelerate-stateful check-resume``: does the user's own command resume exactly? (``docs/check-resume.md``)
 
 It runs the command once uninterrupted, then again from a fresh folder, killing it after chosen or random steps
-and running the same command after each kill (a chain of resumes) until a run ends on its own. Every run records,
-per rank and per optimizer step, what it trained on (``training/_record.py``, switched on through the
-environment); the chain's records, stitched at each resume, must equal the uninterrupted run's.
+and running the command again after each kill (a chain of resumes, each run on the processes and workers of its
+turn: ``_check_setup.py``) until a run ends on its own. Every run records, per rank and per optimizer step, what
+it trained on (``training/_record.py``, switched on through the environment); the chain's records, stitched at
+each resume, must equal the uninterrupted run's (per rank, or all ranks together across process counts:
+``_across.py``).
 
-Kill points are steps: a run is killed (its whole process group: ``accelerate launch`` starts children) as soon
-as its records reach the step, so where it stops never depends on a timer. This module imports neither torch nor
-accelerate: the command's processes do.
+Kill points are steps or named moments found in the records (``_kill_points.py``): a run is killed (its whole
+process group: ``accelerate launch`` starts children) as soon as its records reach the point, so where it stops
+never depends on a timer. This module imports neither torch nor accelerate: the command's processes do.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..training._record_switch import RECORD_ENV
+from ._kill_points import NAMES, Point, points, resolve
+from ._check_setup import Setup, Variant, counts, process_counts
+from ._across import compare_across, stitch_across
+from ._check_verdict import verdict_text
 from ._stitch import RecordFiles, Verdict, compare, last_step, stitch
 
 IDENTICAL, DIFFERENT, USAGE, FAILED = 0, 1, 2, 3
@@ -43,9 +49,18 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog="exit codes: 0 identical, 1 a difference, 2 bad arguments, 3 a run failed on its own or recorded "
                "no steps")
     check.add_argument("--kills", type=int, default=3, metavar="K", help="how many kills, at random steps (default 3)")
-    check.add_argument("--at", type=_steps, metavar="S,S", help="kill after these steps instead of random ones")
+    check.add_argument("--at", type=points, metavar="S,S",
+                       help="kill after these steps, or at these moments of the uninterrupted run: "
+                            f"{','.join(NAMES)} (mixable: 3,epoch-end,save), instead of random steps")
     check.add_argument("--chain", type=int, metavar="N",
                        help="resumes in a row from one fresh folder (default: every kill in one chain)")
+    check.add_argument("--workers", type=counts, metavar="W,W",
+                       help="DataLoader workers of each run in turn, e.g. 0,2: run k of a chain uses the k-th "
+                            "(cycling), whatever the script's own num_workers")
+    check.add_argument("--processes", type=process_counts, metavar="P,P",
+                       help="processes of each run in turn, e.g. 2,3, written into the command's accelerate launch "
+                            "--num_processes or torchrun --nproc_per_node; samples are then compared all ranks "
+                            "together, losses and weights within a tolerance")
     check.add_argument("--seed", type=int, default=0, help="seed of the random kill steps (default 0)")
     check.add_argument("--signal", choices=["KILL", "TERM"], default="KILL", help="the kill's signal (default KILL)")
     check.add_argument("--workdir", type=Path, metavar="DIR",
@@ -63,16 +78,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.set_defaults(run=run)
 
 
-def _steps(text: str) -> list[int]:
-    try:
-        steps = [int(s) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give step numbers separated by commas, e.g. 3,7") from None
-    if any(s < 1 for s in steps):
-        raise argparse.ArgumentTypeError(f"{text!r}: steps count from 1 (a kill comes after a step)")
-    return steps
-
-
 def say(line: str) -> None:
     print(f"{PREFIX} {line}", flush=True)
 
@@ -88,6 +93,7 @@ class Run:
     killed_after: Optional[int]
     records: dict
     log: Path
+    kill_at: Optional[Point] = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,45 +107,69 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = args.runs if args.runs is not None else Path(tempfile.mkdtemp(prefix="check-resume-"))
     say(f"runs, records and logs in {runs_dir}")
     sig = signal.SIGKILL if args.signal == "KILL" else signal.SIGTERM
+    setup = Setup(command, args.workers, args.processes)
+    try:
+        setup.variant(1)
+    except ValueError as error:
+        return _usage(str(error))
 
     if args.reference is not None:
         if not args.reference.is_dir():
             return _usage(f"--reference {args.reference}: no such folder; give RUNS/uninterrupted/records of a check")
-        ref, took = stitch([RecordFiles(args.reference).take()]), None
+        ref_lines, took = RecordFiles(args.reference).take(), None
     else:
-        reference = _run_command(command, _fresh(runs_dir / "uninterrupted", args.workdir), None, sig, args.timeout, 1)
+        reference = _run_command(setup.variant(1), _fresh(runs_dir / "uninterrupted", args.workdir), None, sig,
+                                 args.timeout, 1)
         if reference.status != 0:
             return _failed(reference, "the uninterrupted run")
-        ref, took = stitch([reference.records]), reference.took
+        ref_lines, took = reference.records, reference.took
+    ref = stitch([ref_lines])
     total = max((max(s.steps, default=0) for s in ref.values()), default=0)
-    say(f"uninterrupted run: {total} steps on {len(ref)} rank(s), "
+    say(f"uninterrupted run: {total} steps on {len(ref)} rank(s)" + _with(setup.variant(1)) + ", "
         + (f"{took:.1f} s" if took is not None else f"its records reused from {args.reference}"))
     if total < 2:
         return _fail("the uninterrupted run recorded fewer than 2 optimizer steps, so there is no point to kill it "
                      "between steps: does the script make its Accelerator, model and optimizer with "
                      "accelerate_stateful.Accelerator and accelerator.prepare(...)?", FAILED)
     timeout = args.timeout if args.timeout is not None else 5 * took + 60 if took is not None else None
-    points = args.at or sorted(random.Random(args.seed).sample(range(1, total), min(args.kills, total - 1)))
-    size = args.chain or len(points)
-    for number, start in enumerate(range(0, len(points), size), 1):
-        chain = sorted(points[start:start + size])
-        code = _check_chain(command, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout, ref, number)
+    wanted = args.at or sorted(random.Random(args.seed).sample(range(1, total), min(args.kills, total - 1)))
+    kills, missing = resolve(wanted, ref_lines)
+    for name in missing:
+        say(f"the kill at {name} cannot be made: the uninterrupted run never reached that moment")
+    if not kills:
+        return _usage("none of the kill points (--at) can be made: give steps, or moments the run reaches")
+    size = args.chain or len(kills)
+    for number, start in enumerate(range(0, len(kills), size), 1):
+        chain = kills[start:start + size]
+        code = _check_chain(setup, runs_dir / f"chain{number}", args.workdir, chain, sig, timeout,
+                            _judge(ref_lines, args.processes is not None), number)
         if code != IDENTICAL:
             return code
     return IDENTICAL
 
 
-def _check_chain(command: list, folder: Path, workdir: Optional[Path], points: list, sig: signal.Signals,
-                 timeout: Optional[float], ref: dict, number: int) -> int:
+def _judge(ref_lines: dict, across: bool) -> Callable[[list], tuple[Verdict, int]]:
+    """The comparison of a chain's runs with the uninterrupted run's records, and the reference's rank count:
+    per rank and bitwise, or, with ``--processes``, of all ranks' samples together (``_across.py``)."""
+    if across:
+        ref = stitch_across([ref_lines])
+        return lambda runs: (compare_across(ref, stitch_across(runs)), len(ref_lines))
+    stitched = stitch([ref_lines])
+    return lambda runs: (compare(stitched, stitch(runs)), len(stitched))
+
+
+def _check_chain(setup: Setup, folder: Path, workdir: Optional[Path], kills: list, sig: signal.Signals,
+                 timeout: Optional[float], judge: Callable[[list], tuple[Verdict, int]], number: int) -> int:
     """One chain from a fresh folder: a run per kill point, then one that ends on its own; its verdict."""
     work, records = _fresh(folder, workdir), RecordFiles(folder / "records")
     runs: list[Run] = []
-    pending = list(points)
+    pending = list(kills)
     while True:
-        run_ = _run_command(command, work, pending[0] if pending else None, sig, timeout, len(runs) + 1, records)
+        variant = setup.variant(len(runs) + 1)
+        run_ = _run_command(variant, work, pending[0] if pending else None, sig, timeout, len(runs) + 1, records)
         runs.append(run_)
         resume = _resume_of(run_)
-        _say_run(number, run_, resume, sig)
+        _say_run(number, run_, resume, sig, variant)
         if resume is not None and resume.get("step") is None:
             return _fail(f"run {run_.number} of chain {number} resumed from {resume['checkpoint']}, which no run of "
                          "this check saved, so its steps cannot be matched: leave checkpoints out of --workdir",
@@ -148,15 +178,15 @@ def _check_chain(command: list, folder: Path, workdir: Optional[Path], points: l
             if run_.status != 0:
                 return _failed(run_, f"run {run_.number} of chain {number}")
             break
-        while pending and pending[0] <= run_.killed_after:
-            pending.pop(0)
+        pending = [p for p in pending[1:] if p.order > run_.killed_after]
     for point in pending:
-        say(f"chain {number}: the kill after step {point} was never reached: the run ended first")
+        say(f"chain {number}: the kill at {point.describe()} was never reached: the run ended first")
     if len(runs) > 1 and not any(_resume_of(r) for r in runs):
         say(f"chain {number}: no run resumed (each kill came before a checkpoint was complete), so no resume was "
             "checked: kill later (--at) or save earlier")
-    verdict = compare(ref, stitch([r.records for r in runs]))
-    print(_verdict_text(verdict, runs, sig, len(ref)))
+    verdict, ranks = judge([r.records for r in runs])
+    killed = [r.killed_after for r in runs]
+    print(verdict_text(verdict, killed, sum(_resume_of(r) is not None for r in runs), sig, ranks))
     return IDENTICAL if verdict.kind == "identical" else DIFFERENT
 
 
@@ -172,16 +202,17 @@ def _fresh(folder: Path, workdir: Optional[Path]) -> Path:
     return work
 
 
-def _run_command(command: list, work: Path, kill_at: Optional[int], sig: signal.Signals, timeout: Optional[float],
+def _run_command(variant: Variant, work: Path, kill_at: Optional[Point], sig: signal.Signals, timeout: Optional[float],
                  number: int, records: Optional[RecordFiles] = None) -> Run:
-    """Run ``command`` in ``work``; kill its process group with ``sig`` once its records reach step ``kill_at``."""
+    """Run the variant's command in ``work``; kill its process group with ``sig`` once its records reach
+    step ``kill_at``."""
     records = records or RecordFiles(work.parent / "records")
     records.folder.mkdir(parents=True, exist_ok=True)
     log = work.parent / f"run{number}.log"
-    env = {**os.environ, RECORD_ENV: str(records.folder.resolve())}
+    env = {**os.environ, **variant.env, RECORD_ENV: str(records.folder.resolve())}
     started = time.time()
     with log.open("w") as out:
-        proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(variant.command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         killed_after, seen = _watch(proc, records, kill_at, sig, timeout, started, log)
@@ -189,21 +220,22 @@ def _run_command(command: list, work: Path, kill_at: Optional[int], sig: signal.
         _end_group(proc)
     for rank, lines in records.take().items():
         seen.setdefault(rank, []).extend(lines)
-    return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log)
+    return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log, kill_at)
 
 
-def _watch(proc: subprocess.Popen, records: RecordFiles, kill_at: Optional[int], sig: signal.Signals,
+def _watch(proc: subprocess.Popen, records: RecordFiles, kill_at: Optional[Point], sig: signal.Signals,
            timeout: Optional[float], started: float, log: Path) -> tuple[Optional[int], dict]:
     """Read the run's records while it runs; signal its group once they reach ``kill_at``."""
     seen: dict[int, list] = {}
     killed_after = None
     while proc.poll() is None:
-        for rank, lines in records.take().items():
+        new = records.take()
+        for rank, lines in new.items():
             seen.setdefault(rank, []).extend(lines)
-        step = last_step(seen)
-        if kill_at is not None and killed_after is None and step is not None and step >= kill_at:
+        reached = kill_at is not None and any(kill_at.reached(r) for r in new.get(0, []))
+        if reached and killed_after is None:
             os.killpg(proc.pid, sig)
-            killed_after = step
+            killed_after = last_step(seen) or 0
         if timeout is not None and time.time() - started > timeout:
             with log.open("a") as out:
                 out.write(f"\n{PREFIX} stopped: still running after {timeout:.0f} s (--timeout)\n")
@@ -226,8 +258,12 @@ def _resume_of(run_: Run) -> Optional[dict]:
     return next((r for r in run_.records.get(0, []) if r.get("event") == "resumed"), None)
 
 
-def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals) -> None:
-    head = f"chain {chain}, run {run_.number}:"
+def _with(variant: Variant) -> str:
+    return f" with {variant.label}" if variant.label else ""
+
+
+def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals, variant: Variant) -> None:
+    head = f"chain {chain}, run {run_.number}{_with(variant)}:"
     first = _first_step_s(run_)
     if run_.number == 1:
         start = "started fresh"
@@ -237,7 +273,7 @@ def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals)
     else:
         start = "started fresh (no complete checkpoint to resume from)"
     timing = f", first step {first:.2f} s after its start" if first is not None else ", no step"
-    end = (f"killed ({sig.name} sent once it had recorded step {run_.killed_after})"
+    end = (f"killed at {run_.kill_at.describe()} ({sig.name} sent once it had recorded step {run_.killed_after})"
            if run_.killed_after is not None else f"ended on its own (status {run_.status})")
     say(f"{head} {start}{timing}; {end}")
 
@@ -245,28 +281,6 @@ def _say_run(chain: int, run_: Run, resume: Optional[dict], sig: signal.Signals)
 def _first_step_s(run_: Run) -> Optional[float]:
     times = [r["time"] for lines in run_.records.values() for r in lines if r.get("event") == "step"]
     return min(times) - run_.started if times else None
-
-
-def _verdict_text(verdict: Verdict, runs: list[Run], sig: signal.Signals, ranks: int) -> str:
-    kills = sum(r.killed_after is not None for r in runs)
-    where = (f"{verdict.steps} steps on {ranks} rank(s), {kills} kill(s), "
-             f"{sum(_resume_of(r) is not None for r in runs)} resume(s)")
-    if verdict.kind == "identical":
-        return f"identical: every batch, loss and weight of the {where} matches the uninterrupted run"
-    head = (f"identical samples, weights differ from step {verdict.step}" if verdict.kind == "weights"
-            else f"DIFFERENT samples from step {verdict.step}")
-    lines = [f"{head} (rank {verdict.rank}; {_after_kill(verdict, runs, sig)}; {where}):"]
-    for expected, came in zip(verdict.expected, verdict.came):
-        lines += [f"  expected {expected}", f"  came     {came}"]
-    return "\n".join(lines)
-
-
-def _after_kill(verdict: Verdict, runs: list[Run], sig: signal.Signals) -> str:
-    if verdict.run is None or verdict.run == 0:
-        return ("before any kill: the first run already differs, so the script does not repeat itself when run "
-                "twice (unseeded randomness, or the output folder not fresh?)")
-    killed = runs[verdict.run - 1]
-    return f"after kill {verdict.run}: {sig.name} at step {killed.killed_after}, then run {verdict.run + 1}"
 
 
 def _failed(run_: Run, which: str) -> int:

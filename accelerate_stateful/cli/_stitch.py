@@ -80,6 +80,7 @@ class Verdict:
     run: Optional[int] = None
     expected: list = field(default_factory=list)
     came: list = field(default_factory=list)
+    note: str = ""  # what was compared, where it is not everything bitwise
 
 
 def compare(reference: dict[int, Stitched], chain: dict[int, Stitched]) -> Verdict:
@@ -110,7 +111,7 @@ def _run_after(chain: Stitched, step: int) -> Optional[int]:
 
 
 def _describe(batches: list, index: int) -> str:
-    digest, peek = batches[index]
+    digest, peek = batches[index][:2]
     return f"batch {index + 1} of the step: {peek or 'no tensor'} (digest {digest})"
 
 

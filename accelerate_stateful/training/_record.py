@@ -7,10 +7,14 @@ leaves what it recorded up to the kill:
 
 - ``start``: an ``Accelerator`` was made (one per process start);
 - ``step``: after a step of the first prepared optimizer: the step number, each batch that prepared loaders
-  handed out since the previous step (a digest of its tensors' bytes and a short look at its first values),
-  the hash chain of every batch of the run so far, each loss ``accelerator.backward`` saw, and a digest of
-  the prepared models' parameters after the step;
+  handed out since the previous step (a digest of its tensors' bytes, a short look at its first values, and a
+  short digest of each of its samples: row ``i`` of every tensor), the hash chain of every batch of the run so
+  far, each loss ``accelerator.backward`` saw, and a digest of the prepared models' parameters after the step
+  with their norm (compared within a tolerance when the process count changes between resumes);
 - ``saving``: ``save_state`` chose its folder: the checkpoint holds the run as of this step;
+- ``backward``: ``accelerator.backward`` was called (``n``: its count in the step being made), and ``eval``: an
+  evaluation batch was handed out (a prepared model was in ``eval()`` mode; once per step), so ``check-resume``
+  can name these moments as kill points; each ``step`` line also has the training loader's ``epoch``;
 - ``resumed``: a checkpoint was loaded; the steps that follow continue from the step it was saved at.
 
 The step a checkpoint was saved at is read back from the ``saving`` lines of the runs before (the folder is
@@ -75,6 +79,31 @@ def batch_digest(batch: Any) -> str:
     return h.hexdigest()
 
 
+def sample_digests(batch: Any) -> list[str]:
+    """A 6-byte digest of each sample of ``batch``: row ``i`` of each tensor whose first dimension is the batch's
+    (the first tensor's), so the same sample gives the same digest whichever rank's batch it is in."""
+    found = _first_tensor(batch, "", integer=False)
+    if found is None or found[1].dim() == 0:
+        return []
+    rows = found[1].shape[0]
+    digests = []
+    for i in range(rows):
+        h = hashlib.blake2b(digest_size=6)
+        _feed(h, _row(batch, i, rows))
+        digests.append(h.hexdigest())
+    return digests
+
+
+def _row(value: Any, i: int, rows: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[i] if value.dim() and value.shape[0] == rows else value
+    if isinstance(value, Mapping):
+        return {key: _row(item, i, rows) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_row(item, i, rows) for item in value]
+    return value
+
+
 def peek(batch: Any, values: int = 6) -> str:
     """The first values of the batch's first tensor (an integer one if any: ids, tokens), e.g. ``id [3, 17, 8]``."""
     found = _first_tensor(batch, "", integer=True) or _first_tensor(batch, "", integer=False)
@@ -120,6 +149,8 @@ class Recorder:
             self._file.write("\n")
         self._watching = False  # the first prepared optimizer's steps are recorded
         self.step, self.chain = 0, ""
+        self._epoch: Optional[int] = None  # the training loader's, at its last batch
+        self._evaluated = False  # an evaluation batch since the last step
         self._batches: list = []
         self._losses: list = []
         self._write({"event": "start", "pid": os.getpid(), "time": time.time()})
@@ -138,28 +169,39 @@ class Recorder:
             self._watching = True
             optimizer.register_step_post_hook(self._stepped)
 
-    def batch(self, batch: Any) -> None:
+    def batch(self, batch: Any, loader: Any = None) -> None:
+        accelerator = self._accelerator()
+        if accelerator is not None and any(not m.training for m in accelerator._models):
+            if not self._evaluated:
+                self._evaluated = True
+                self._write({"event": "eval", "step": self.step})
+        elif loader is not None:
+            self._epoch = getattr(loader, "epoch", None)
         digest = batch_digest(batch)
         self.chain = _hash(self.chain.encode(), digest.encode())
-        self._batches.append([digest, peek(batch)])
+        self._batches.append([digest, peek(batch), sample_digests(batch)])
 
     def loss(self, loss: Any) -> None:
         self._losses.append(_loss_value(loss))
+        self._write({"event": "backward", "step": self.step + 1, "n": len(self._losses)})
 
     def _stepped(self, *_: Any) -> None:
         self.step += 1
-        self._write({"event": "step", "step": self.step, "batches": self._batches, "chain": self.chain,
-                     "losses": self._losses, "params": self._params(), "time": time.time()})
+        self._write({"event": "step", "step": self.step, "epoch": self._epoch, "batches": self._batches,
+                     "chain": self.chain, "losses": self._losses, **self._params(), "time": time.time()})
+        self._evaluated = False
         self._batches, self._losses = [], []
 
-    def _params(self) -> str:
+    def _params(self) -> dict:
         accelerator = self._accelerator()
         h = hashlib.blake2b(digest_size=8)
+        squares = 0.0
         for model in accelerator._models if accelerator is not None else []:
             for name, param in model.named_parameters():
                 h.update(name.encode())
                 _feed(h, param)
-        return h.hexdigest()
+                squares += param.detach().double().pow(2).sum().item()
+        return {"params": h.hexdigest(), "norm": squares ** 0.5}
 
     def saving(self, checkpoint: Path) -> None:
         """``save_state`` writes ``checkpoint``: it holds the run as of the last recorded step."""

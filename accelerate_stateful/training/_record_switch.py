@@ -11,6 +11,7 @@ import json
 from typing import Any, Optional
 
 RECORD_ENV = "ACCELERATE_STATEFUL_RECORD"  # the folder the checker records a run into; unset: no recording
+WORKERS_ENV = "ACCELERATE_STATEFUL_NUM_WORKERS"  # check-resume --workers: each prepared DataLoader's num_workers
 
 # This process's ``training._record.Recorder``, or None: the hook points (a batch handed out, a backward, a
 # save, a load) test this alone, so with recording off they cost one comparison. Set when an Accelerator is made.
