@@ -146,32 +146,35 @@ class PassHandle:
 
     def __next__(self) -> Any:
         life = self._loader._life
-        # The loader's position moves with the pass's bookkeeping under the lock a save's read takes
-        # (``Lifecycle.lock``), never half of one without the other; a batch taken by another thread than the one
-        # that prepared the loader (a prefetcher thread) counts as fetched ahead.
+        if threading.get_ident() == life.owner:
+            return self._take(life)
+        # A prefetcher thread: its batches count as fetched ahead, and the loader's position moves with the pass's
+        # bookkeeping under the lock a save's read takes (``Lifecycle.lock``), never half of one without the other.
         with life.lock:
-            record = self._record
-            if threading.get_ident() != life.owner:
-                record.off_thread = True
-            if record.closed:
-                if life.owed is record:  # the loop still asks while it trains what the pass handed out last
-                    record.polls += 1
-                raise StopIteration
-            if self._batches is None:
-                self._batches = life.begin(record)
-            try:
-                batch = next(self._batches)
-            except StopIteration:
+            self._record.off_thread = True
+            return self._take(life)
+
+    def _take(self, life: Any) -> Any:
+        record = self._record
+        if record.closed:
+            if life.owed is record:  # the loop still asks while it trains what the pass handed out last
                 record.polls += 1
-                life.exhausted(record)
-                raise
-            except Exception:  # the pass cannot go on: judged now, its workers stopped, then re-raised
-                self._batches = None
-                life.failed(record)
-                raise
-            life.handed(record, self._loader)
+            raise StopIteration
+        if self._batches is None:
+            self._batches = life.begin(record)
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            record.polls += 1
+            life.exhausted(record)
+            raise
+        except Exception:  # the pass cannot go on: judged now, its workers stopped, then re-raised
+            self._batches = None
+            life.failed(record)
+            raise
+        life.handed(record, self._loader)
         if _record_switch.active is not None:  # `accelerate-stateful check-resume` records what was handed out
-            _record_switch.active.batch(batch, self._loader)
+            _record_switch.active.batch(batch)
         return batch
 
     def close(self) -> None:
