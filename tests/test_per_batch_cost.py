@@ -11,6 +11,7 @@ from __future__ import annotations
 import cProfile
 import os
 import pstats
+import re
 
 import pytest
 import torch
@@ -78,3 +79,16 @@ def test_a_training_step_adds_only_the_training_events_to_a_batchs_calls():
 
     events = 1 + 1 + len(list(model.parameters()))  # backward, optimizer.step, each parameter's hook
     assert own_calls_per_batch(dl, step) <= PER_BATCH + events + 1
+
+
+def test_the_side_by_side_benchmark_runs_and_reports_both_loaders(monkeypatch, capsys):
+    """benchmarks/bench_per_batch.py keeps working (tiny sizes; no timing is checked)."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_per_batch.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--batches", "5", "--rounds", "2"])
+    runpy.run_path(str(script), run_name="__main__")
+    assert re.search(r"bare [\d.]+ us/batch, ours [\d.]+ us/batch, ours/bare median of the rounds [\d.]+",
+                     capsys.readouterr().out)
