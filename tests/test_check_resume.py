@@ -145,3 +145,34 @@ def test_a_worker_count_that_is_not_a_whole_number_is_refused_naming_the_variabl
     with pytest.raises(UnsupportedConfigError, match=f"ACCELERATE_STATEFUL_NUM_WORKERS='{re.escape(value)}' is not a "
                                                       "DataLoader worker count: give a whole number, 0 or more"):
         workers_override()
+
+
+LAUNCHER = """
+import subprocess, sys, time
+rank = "import sys, time\\nopen(sys.argv[1], 'w').close()\\ntime.sleep(120)"
+subprocess.Popen([sys.executable, "-c", rank, sys.argv[1]], start_new_session=True)  # as torchrun starts a rank
+time.sleep(120)
+"""
+
+
+def test_a_runs_end_kills_the_ranks_its_launcher_started_in_sessions_of_their_own(tmp_path):
+    """torchrun (accelerate launch --multi_gpu) starts each rank in a session of its own: ending the launcher's
+    group alone left the ranks training, writing records and checkpoints while the checker's next run started."""
+    import os
+    import subprocess
+    import time
+
+    from accelerate_stateful.cli._jobtree import Job, _stats
+
+    ready = tmp_path / "rank_started"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(ready)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists()
+    job = Job(launcher)
+    job.look()
+    ranks = [pid for pid, parent, _ in _stats() if parent == launcher.pid]
+    assert len(ranks) == 1 and os.getpgid(ranks[0]) != launcher.pid
+    job.end()
+    assert ranks[0] not in {pid for pid, _, _ in _stats()}, "the rank outlived the run's end"

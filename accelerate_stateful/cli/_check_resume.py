@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..training._record_switch import RECORD_ENV
+from ._jobtree import Job
 from ._kill_points import NAMES, Point, points, resolve
 from ._check_setup import Setup, Variant, counts, process_counts
 from ._across import compare_across, stitch_across
@@ -36,6 +37,7 @@ from ._stitch import RecordFiles, Verdict, compare, last_step, stitch
 
 IDENTICAL, DIFFERENT, USAGE, FAILED = 0, 1, 2, 3
 POLL_S = 0.01
+LOOK_S = 0.25  # how often the run's processes are looked up while it runs
 PREFIX = "check-resume:"
 
 
@@ -214,27 +216,31 @@ def _run_command(variant: Variant, work: Path, kill_at: Optional[Point], sig: si
     with log.open("w") as out:
         proc = subprocess.Popen(variant.command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    job = Job(proc)
     try:
-        killed_after, seen = _watch(proc, records, kill_at, sig, timeout, started, log)
-    finally:  # Ctrl-C of the checker too: the run is in a session of its own, which the terminal never signals
-        _end_group(proc)
+        killed_after, seen = _watch(job, records, kill_at, sig, timeout, started, log)
+    finally:  # Ctrl-C of the checker too: the run is in sessions of its own, which the terminal never signals
+        job.end()
     for rank, lines in records.take().items():
         seen.setdefault(rank, []).extend(lines)
     return Run(number, started, time.time() - started, proc.returncode, killed_after, seen, log, kill_at)
 
 
-def _watch(proc: subprocess.Popen, records: RecordFiles, kill_at: Optional[Point], sig: signal.Signals,
+def _watch(job: Job, records: RecordFiles, kill_at: Optional[Point], sig: signal.Signals,
            timeout: Optional[float], started: float, log: Path) -> tuple[Optional[int], dict]:
-    """Read the run's records while it runs; signal its group once they reach ``kill_at``."""
+    """Read the run's records while it runs; signal all its processes once they reach ``kill_at``."""
     seen: dict[int, list] = {}
-    killed_after = None
-    while proc.poll() is None:
+    killed_after, looked = None, 0.0
+    while job.proc.poll() is None:
+        if time.monotonic() - looked > LOOK_S:  # its ranks may start sessions of their own (``_jobtree``)
+            job.look()
+            looked = time.monotonic()
         new = records.take()
         for rank, lines in new.items():
             seen.setdefault(rank, []).extend(lines)
         reached = kill_at is not None and any(kill_at.reached(r) for r in new.get(0, []))
         if reached and killed_after is None:
-            os.killpg(proc.pid, sig)
+            job.signal(sig)
             killed_after = last_step(seen) or 0
         if timeout is not None and time.time() - started > timeout:
             with log.open("a") as out:
@@ -242,15 +248,6 @@ def _watch(proc: subprocess.Popen, records: RecordFiles, kill_at: Optional[Point
             break
         time.sleep(POLL_S)
     return killed_after, seen
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    """Kill what is left of the run's process group (workers, ranks of a launcher that died first)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the whole group has exited
-    proc.wait()
 
 
 def _resume_of(run_: Run) -> Optional[dict]:
