@@ -288,22 +288,10 @@ class Run:
         """A prefetcher thread: it calls ``next()`` on A's iterator into a bounded queue, ends the queue with a
         sentinel at the epoch's end, and the loop trains one batch a step from the queue. How far the thread has read
         when the model trains or a save runs is a matter of timing."""
-        it, batches, end = iter(self.a), queue.Queue(maxsize=self.p.depth), object()
-
-        def fill() -> None:
-            try:
-                for batch in it:
-                    batches.put(batch)
-            finally:
-                batches.put(end)
-
-        thread = threading.Thread(target=fill, daemon=True)
-        thread.start()
-        while (batch := batches.get()) is not end:
+        for batch in prefetched(self.a, self.p.depth):
             self._query()
             self._train(epoch, batch)
             self._maybe_save()
-        thread.join()
 
     def _query(self) -> None:
         """On one rank only, every query of both loaders: a log line's reads must change nothing anywhere.
@@ -420,3 +408,22 @@ def _difference(what: str, reference: list, at: int, resumed: list) -> str:
     index = next((i for i, (x, y) in enumerate(zip(expected, resumed)) if x != y), min(len(expected), len(resumed)))
     return (f"{what}: at trace entry {at + index}, expected {expected[index:index + 3]}, got "
             f"{resumed[index:index + 3]} ({len(expected)} entries expected after the save, {len(resumed)} got)")
+
+
+def prefetched(loader: Any, depth: int) -> Any:
+    """``loader``'s batches as a prefetcher thread hands them over: the thread calls ``next()`` into a
+    ``queue.Queue(maxsize=depth)`` and ends it with a sentinel at the epoch's end."""
+    it, batches, end = iter(loader), queue.Queue(maxsize=depth), object()
+
+    def fill() -> None:
+        try:
+            for batch in it:
+                batches.put(batch)
+        finally:
+            batches.put(end)
+
+    thread = threading.Thread(target=fill, daemon=True)
+    thread.start()
+    while (batch := batches.get()) is not end:
+        yield batch
+    thread.join()

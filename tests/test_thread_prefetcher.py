@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from test_put_back import EPOCHS, check_resume_is_exact
+from lifecycle_programs import prefetched
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -59,7 +60,6 @@ def gated_thread(extra):
                 step += 1
                 if len(run.trained) == save_after:
                     run.acc.save_state(folder)
-            thread.join()
     return loop
 
 
@@ -68,22 +68,10 @@ def free_thread(depth):
     epoch's end; the loop trains one batch a step from the queue."""
     def loop(run, save_after=None, folder=None):
         for _ in range(run.dl.epoch, EPOCHS):
-            it, batches, end = iter(run.dl), queue.Queue(maxsize=depth), object()
-
-            def fill():
-                try:
-                    for batch in it:
-                        batches.put(batch)
-                finally:
-                    batches.put(end)
-
-            thread = threading.Thread(target=fill, daemon=True)
-            thread.start()
-            while (batch := batches.get()) is not end:
+            for batch in prefetched(run.dl, depth):
                 run.train(batch)
                 if len(run.trained) == save_after:
                     run.acc.save_state(folder)
-            thread.join()
     return loop
 
 
