@@ -174,7 +174,7 @@ class PassHandle:
             raise
         life.handed(record, self._loader)
         if _record_switch.active is not None:  # `accelerate-stateful check-resume` records what was handed out
-            _record_switch.active.batch(batch)
+            _record_switch.active.batch(batch, self._loader)
         return batch
 
     def close(self) -> None:
