@@ -124,6 +124,8 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_check_verdict.py": "check-resume's verdict in words; part of _check_resume.py",
     "cli/_kill_points.py": "check-resume --at: steps and named moments, found in the records; part of _check_resume.py",
     "cli/_check_setup.py": "check-resume: each run's command, processes and workers; part of _check_resume.py",
+    "cli/_jobtree.py": "check-resume: every process of a run (each rank's own session too), killed and waited for; "
+                       "part of _check_resume.py",
     "cli/_position.py": "a saved map-style position's length, progress and refusals, without torch (docs/cli.md)",
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "position/_skips.py": "samples left out of an epoch's order (skip_samples), shared by the shard loader, the "
