@@ -191,8 +191,6 @@ class Accelerator(accelerate.Accelerator):
         config = self.project_configuration
         root = self._checkpoint_root() if config.automatic_checkpoint_naming else None
         output_dir, number = _checkpoints.destination(ctx, root, output_dir, config.iteration)
-        if _record_switch.active is not None:
-            _record_switch.active.saving(output_dir)
         loaders = self.stateful_loaders
         contents = _checkpoints.agree(
             ctx, lambda: [_files.encode_state(state) for state in
@@ -203,6 +201,8 @@ class Accelerator(accelerate.Accelerator):
                 super(Accelerator, self).save_state(str(output_dir), safe_serialization, **kwargs)
 
         _checkpoints.agree(ctx, accelerate_save)
+        if _record_switch.active is not None:  # before the seal: check-resume's kill "inside the save" lands here
+            _record_switch.active.saving(output_dir)
         entries = _checkpoints.agree(ctx, lambda: {
             rel: entry for index, content in enumerate(contents)
             for rel, entry in _files.write_encoded(output_dir, index, self.process_index, content).items()

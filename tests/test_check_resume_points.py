@@ -69,3 +69,64 @@ def test_the_records_name_each_backward_each_evaluation_and_the_training_loaders
         ("backward", 1, 1), ("backward", 1, 2), ("step", 1, None),
         ("backward", 2, 1), ("backward", 2, 2), ("step", 2, None), ("eval", 2, None)]
     assert [r["epoch"] for r in records if r["event"] == "step"] == [0, 0]
+
+
+HELD_SCRIPT = """
+import torch
+from accelerate.utils import DataLoaderConfiguration
+from torch.utils.data import DataLoader
+from accelerate_stateful import Accelerator
+
+accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+model = torch.nn.Linear(1, 1)
+model, optimizer, train = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                              DataLoader(torch.ones(8, 1), batch_size=2))
+for i, x in enumerate(train):
+    accelerator.backward(model(x).sum())
+    optimizer.step()
+    if i == 0:
+        accelerator.save_state("ckpt")
+"""
+
+
+@pytest.mark.parametrize("point, held_after", [({"event": "step", "step": 2}, 2),
+                                                 ({"event": "saving", "step": 1}, 1),
+                                                 ({"event": "backward", "step": 2}, 2)])
+def test_a_process_stops_itself_where_its_records_reach_the_kill_point_and_goes_on_when_continued(
+        tmp_path, point, held_after):
+    """The checker's kill lands at the point by construction: the process holds there (stopped) until signalled,
+    however long the checker takes to read its records; continued, it runs to its own end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "held.py"
+    script.write_text(HELD_SCRIPT, encoding="utf-8")
+    env = {**os.environ, _record_switch.RECORD_ENV: str(tmp_path / "records"),
+           _record_switch.HOLD_ENV: json.dumps(point)}
+    proc = subprocess.Popen([sys.executable, script], cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while _state(proc.pid) != "T":
+            assert proc.poll() is None and time.monotonic() < deadline, "the process never stopped at the point"
+            time.sleep(0.05)
+        time.sleep(0.5)  # held: nothing more is recorded however long the checker waits
+        lines = [json.loads(line) for line in (tmp_path / "records" / "rank0.jsonl").read_text().splitlines()]
+        assert _record_switch.reaches(point, lines[-2]) and lines[-1]["event"] == "held"
+        assert lines[-1]["step"] == held_after
+        assert [r for r in lines[:-2] if _record_switch.reaches(point, r)] == []
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    steps = [json.loads(line) for line in (tmp_path / "records" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["event"] == "step"] == [1, 2, 3, 4]
+    assert sum(r["event"] == "held" for r in steps) == 1
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rindex(b")") + 2:].split()[0].decode()

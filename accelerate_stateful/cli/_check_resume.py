@@ -15,6 +15,7 @@ never depends on a timer. This module imports neither torch nor accelerate: the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..training._record_switch import RECORD_ENV
+from ..training._record_switch import HOLD_ENV, RECORD_ENV
 from ._jobtree import Job
 from ._kill_points import NAMES, Point, points, resolve
 from ._check_setup import Setup, Variant, counts, process_counts
@@ -38,6 +39,9 @@ from ._stitch import RecordFiles, Verdict, compare, last_step, stitch
 IDENTICAL, DIFFERENT, USAGE, FAILED = 0, 1, 2, 3
 POLL_S = 0.01
 LOOK_S = 0.25  # how often the run's processes are looked up while it runs
+# Once the main process holds at the kill point, how long the other ranks have to hold there too (a rank that
+# never reaches it, e.g. with an evaluation on the main process only, is signalled where it is after this).
+HOLD_WAIT_S = 5.0
 PREFIX = "check-resume:"
 
 
@@ -212,6 +216,9 @@ def _run_command(variant: Variant, work: Path, kill_at: Optional[Point], sig: si
     records.folder.mkdir(parents=True, exist_ok=True)
     log = work.parent / f"run{number}.log"
     env = {**os.environ, **variant.env, RECORD_ENV: str(records.folder.resolve())}
+    env.pop(HOLD_ENV, None)
+    if kill_at is not None:
+        env[HOLD_ENV] = json.dumps(kill_at.hold())
     started = time.time()
     with log.open("w") as out:
         proc = subprocess.Popen(variant.command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -228,9 +235,14 @@ def _run_command(variant: Variant, work: Path, kill_at: Optional[Point], sig: si
 
 def _watch(job: Job, records: RecordFiles, kill_at: Optional[Point], sig: signal.Signals,
            timeout: Optional[float], started: float, log: Path) -> tuple[Optional[int], dict]:
-    """Read the run's records while it runs; signal all its processes once they reach ``kill_at``."""
+    """Read the run's records while it runs; signal all its processes once they hold at ``kill_at``.
+
+    Each process stops itself where its records reach the point (``HOLD_ENV``). The signal goes out once the
+    main process holds and every other rank holds too, or ``HOLD_WAIT_S`` after the main process (a rank that
+    does not reach the point); a process stopped there gets ``SIGCONT`` after a catchable ``sig``, to handle it.
+    """
     seen: dict[int, list] = {}
-    killed_after, looked = None, 0.0
+    killed_after, looked, main_held = None, 0.0, None
     while job.proc.poll() is None:
         if time.monotonic() - looked > LOOK_S:  # its ranks may start sessions of their own (``_jobtree``)
             job.look()
@@ -238,9 +250,13 @@ def _watch(job: Job, records: RecordFiles, kill_at: Optional[Point], sig: signal
         new = records.take()
         for rank, lines in new.items():
             seen.setdefault(rank, []).extend(lines)
-        reached = kill_at is not None and any(kill_at.reached(r) for r in new.get(0, []))
-        if reached and killed_after is None:
+        if kill_at is not None and main_held is None and _held(new.get(0, [])):
+            main_held = time.monotonic()
+        if main_held is not None and killed_after is None and (
+                all(_held(lines) for lines in seen.values()) or time.monotonic() - main_held > HOLD_WAIT_S):
             job.signal(sig)
+            if sig != signal.SIGKILL:
+                job.signal(signal.SIGCONT)
             killed_after = last_step(seen) or 0
         if timeout is not None and time.time() - started > timeout:
             with log.open("a") as out:
@@ -248,6 +264,10 @@ def _watch(job: Job, records: RecordFiles, kill_at: Optional[Point], sig: signal
             break
         time.sleep(POLL_S)
     return killed_after, seen
+
+
+def _held(lines: list[dict]) -> bool:
+    return any(r.get("event") == "held" for r in lines)
 
 
 def _resume_of(run_: Run) -> Optional[dict]:

@@ -8,7 +8,11 @@ records (``training/_record.py``) and killed at when a run's records show that m
 - ``mid-accumulation``: after the first ``accelerator.backward`` of the first step that accumulates several;
 - ``eval``: when an evaluation loader hands out its first batch (a batch handed out while a prepared model is in
   ``eval()`` mode);
-- ``save``: when ``save_state`` starts the first checkpoint (the kill may land inside the save, or after it).
+- ``save``: inside the first ``save_state``: Accelerate's files (model, optimizer, RNG) are written, the loaders'
+  positions and the seal are not, so the checkpoint is incomplete and a resume must not take it.
+
+Each process of the run stops itself when its records reach the point (``_record_switch.HOLD_ENV``), and the
+checker signals the run once they have: the kill lands at the point, however fast or slow the run is.
 
 A name the uninterrupted run never reaches (one epoch only, no evaluation, ...) is reported, never dropped silently.
 """
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from typing import Optional, Union
+
+from ..training._record_switch import reaches
 
 NAMES = ("first-batch", "epoch-end", "mid-accumulation", "eval", "save")
 
@@ -55,16 +61,16 @@ class Point:
         return self.step if self.event == "step" else self.step + 0.5
 
     def reached(self, record: dict) -> bool:
-        if self.event == "step":
-            return record.get("event") == "step" and record["step"] >= self.step
-        if self.event == "backward":
-            return record.get("event") == "backward" and record["step"] == self.step + 1 and record.get("n") == 1
-        return record.get("event") == self.event and record.get("step") == self.step
+        return reaches(self.hold(), record)
+
+    def hold(self) -> dict:
+        """The point as the training processes read it (``_record_switch.HOLD_ENV``)."""
+        return {"event": self.event, "step": self.step}
 
     def describe(self) -> str:
         where = {"step": f"step {self.step}", "backward": f"the first backward of step {self.step + 1}",
                  "eval": f"the first evaluation batch after step {self.step}",
-                 "saving": f"the start of the save after step {self.step}"}[self.event]
+                 "saving": f"inside the save after step {self.step}, its model files written"}[self.event]
         return where if self.name.isdigit() else f"{self.name} ({where})"
 
 

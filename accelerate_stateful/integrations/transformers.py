@@ -195,10 +195,10 @@ class StatefulTrainerMixin:
         run_dir = Path(self._get_output_dir(trial=trial))
         folder = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         self._clear_leftover(folder)
-        if _record_switch.active is not None:
-            _record_switch.active.saving(folder)
         with swapped("rotate_checkpoints", _no_rotation):
             super()._save_checkpoint(model, trial)
+        if _record_switch.active is not None:  # before the seal: check-resume's kill "inside the save" lands here
+            _record_switch.active.saving(folder)
         ctx = DistContext.detect()
         _in_step.settle(ctx, [self._train_loader], f"the Trainer's save of {folder.name}")
         contents = _files.encode_state(self._train_loader.state_dict())

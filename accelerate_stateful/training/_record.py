@@ -11,7 +11,9 @@ leaves what it recorded up to the kill:
   short digest of each of its samples: row ``i`` of every tensor), the hash chain of every batch of the run so
   far, each loss ``accelerator.backward`` saw, and a digest of the prepared models' parameters after the step
   with their norm (compared within a tolerance when the process count changes between resumes);
-- ``saving``: ``save_state`` chose its folder: the checkpoint holds the run as of this step;
+- ``saving``: ``save_state`` wrote Accelerate's files into its folder, and goes on with the loaders' positions
+  and the seal: the checkpoint holds the run as of this step;
+- ``held``: the process reached the checker's kill point and stopped itself (``_record_switch.HOLD_ENV``);
 - ``backward``: ``accelerator.backward`` was called (``n``: its count in the step being made), and ``eval``: an
   evaluation batch was handed out (a prepared model was in ``eval()`` mode; once per step), so ``check-resume``
   can name these moments as kill points; each ``step`` line also has the training loader's ``epoch``;
@@ -26,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import time
 import weakref
 from collections.abc import Mapping
@@ -35,7 +38,7 @@ from typing import IO, Any, Optional
 import torch
 
 from . import _record_switch
-from ._record_switch import RECORD_ENV, parse_line
+from ._record_switch import HOLD_ENV, RECORD_ENV, parse_line, reaches
 
 
 def start(accelerator: Any) -> None:
@@ -153,11 +156,18 @@ class Recorder:
         self._evaluated = False  # an evaluation batch since the last step
         self._batches: list = []
         self._losses: list = []
+        hold = os.environ.get(HOLD_ENV)
+        self._hold: Optional[dict] = json.loads(hold) if hold and hasattr(signal, "SIGSTOP") else None
         self._write({"event": "start", "pid": os.getpid(), "time": time.time()})
 
     def _write(self, record: dict) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()  # a SIGKILL keeps what reached the OS; no fsync: the machine does not crash
+        if self._hold is not None and reaches(self._hold, record):
+            self._hold = None  # once: a run the checker sends SIGTERM and SIGCONT goes on to its own end
+            self._file.write(json.dumps({"event": "held", "step": self.step, "time": time.time()}) + "\n")
+            self._file.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)  # the checker signals the run now: the kill lands here
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Record at the steps of ``optimizer`` if it is the first prepared one.
