@@ -7,6 +7,7 @@ before the test are left out); zombies count as gone.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import time
@@ -69,17 +70,30 @@ def prepared(persistent: bool = False, n: int = 64):
     return accelerator, accelerator.prepare(dl)
 
 
-def test_workers_end_when_iteration_is_abandoned_with_break(children):
+def test_workers_of_a_loop_left_with_break_end_at_the_loaders_next_event_and_its_position_stays_readable(children):
     _, dl = prepared()
     for _ in dl:
         assert len(children.live()) == WORKERS
         break
-    assert children.left_after() == []
+    gc.collect()
+    # The pass waits for its verdict, and its workers hold its position: a query reads it whenever the iterator
+    # object died (as torchdata's StatefulDataLoader keeps its iterator).
+    assert len(children.live()) == WORKERS
+    assert dl.batches_yielded == 1 and dl.state_dict()["batches_yielded"] == 1
     iter(dl)  # the loader's next event takes the verdict (a query would not: docs/lifecycle.md)
+    assert children.left_after() == []
     assert dl.batches_yielded == 0  # a pass dropped without training is undone
 
 
-def test_workers_end_when_training_ends_with_an_exception(children):
+def test_a_closed_iterator_ends_its_workers_at_once(children):
+    _, dl = prepared()
+    with contextlib.closing(iter(dl)) as it:
+        next(it)
+        assert len(children.live()) == WORKERS
+    assert children.left_after() == []
+
+
+def test_workers_of_a_loop_that_raised_end_at_the_loaders_next_event(children):
     _, dl = prepared()
 
     def train() -> None:
@@ -89,7 +103,9 @@ def test_workers_end_when_training_ends_with_an_exception(children):
 
     with pytest.raises(RuntimeError, match="loss is NaN") as info:
         train()
-    assert children.left_after() == [], "the workers outlived the failed loop"
+    assert dl.state_dict()["batches_yielded"] == 3  # its position is still there to read, or to save
+    iter(dl)
+    assert children.left_after() == [], "the workers outlived the failed loop's verdict"
     assert info.value.__traceback__ is not None  # even while the traceback (and its frames) is still held
 
 

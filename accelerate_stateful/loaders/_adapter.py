@@ -72,6 +72,9 @@ class DataLoaderAdapter:
         self._epoch = 0
         self._life = Lifecycle(self)
         self._base_iter: Optional[weakref.ref] = None
+        # The live pass's base iterator (its workers inside) until the pass's verdict: a pass the loop let go keeps
+        # its workers, and so the position a query or a save reads, until the loader's next event (``_end``).
+        self._live_base: Any = None
         self.end_of_dataloader = False
         self.remainder = -1
         warn_if_unsafe(base_loader, ctx.world_size)
@@ -440,13 +443,17 @@ class DataLoaderAdapter:
             state.dataloader_references = [ref for ref in references if ref is not self] + [self]
 
     def _end(self) -> None:
+        """The pass's verdict is taken: Accelerate stops following this loader, and the pass's workers end (unless
+        persistent: the base loader keeps those)."""
         GradientState()._remove_dataloader(self)
+        self._live_base = None
 
     def _open_base(self) -> Iterator[Any]:
         """An iterator over the base loader, remembered so that its workers can be stopped at once (a pass ended
         by an exception, the process's end: ``_workers``)."""
         base_iter = iter(self._base)
         self._base_iter = weakref.ref(base_iter)
+        self._live_base = base_iter
         track(base_iter)
         return base_iter
 
@@ -459,7 +466,7 @@ class DataLoaderAdapter:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_base_iter"] = state["_gradient_state"] = None
+        state["_base_iter"] = state["_gradient_state"] = state["_live_base"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
