@@ -131,10 +131,9 @@ def check_chain(out: Path, number: int, chain: Sequence[Cell], references: dict[
     saved_early = [i for i, ranks in enumerate(launches[:-1]) if any("done" in e for e in ranks[0])]
     if saved_early:
         problems.append(f"launches {saved_early} reached the end of the data before their save")
-    workers = chain[0][1]
-    if workers not in references:
-        references[workers] = uninterrupted(out / "data", 1, workers, mp_grid.pipeline(out / "data"))
-    if kept[0] != references[workers][: len(kept[0])]:
+    if "rows" not in references:  # the same on every number of processes and workers (``uninterrupted``)
+        references["rows"] = uninterrupted(out / "data", 1, mp_grid.pipeline(out / "data"))
+    if kept[0] != references["rows"][: len(kept[0])]:
         problems.append(f"the first launch on {chain[0]} is not the uninterrupted run")
     for index in range(DEPTH):
         if chain[index] == chain[index + 1]:

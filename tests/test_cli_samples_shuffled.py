@@ -79,7 +79,8 @@ def test_samples_name_what_a_shuffled_stream_and_its_resumed_run_yielded(tmp_pat
     more = _run(resumed, second, passes)
     second_ckpt = _saved(tmp_path, "second", resumed)
     if cfg["n"] < 100:  # the buffer's source has run out, and the buffer is emptying
-        assert _files.read_loader_state(second_ckpt, 0, 0)["stream"]["snapshots"][0]["dataset"]["position"]["ended"]
+        snapshots = _files.read_loader_state(second_ckpt, 0, 0)["stream"]["snapshots"]
+        assert any(snap["dataset"]["position"]["ended"] for snap in snapshots if snap is not None)
     assert _answers(second_ckpt) == [
         [[_as_named(cfg, i) for i in batch] for batch in taken[r] + more[r]] for r in range(world)]
     step = random.Random(first).randrange(first + second)

@@ -33,7 +33,7 @@ def test_the_grid_plan_covers_every_ordered_pair_of_cells_and_each_cell_on_itsel
 
 def test_the_grid_check_finds_a_token_repeated_or_lost(tmp_path):
     grid.mp_grid.write_data(tmp_path)
-    rows = grid.uninterrupted(tmp_path, 1, 0, grid.mp_grid.pipeline(tmp_path))
+    rows = grid.uninterrupted(tmp_path, 1, grid.mp_grid.pipeline(tmp_path))
     assert grid.source_problems(tmp_path, rows, len(rows)) == []
     assert grid.source_problems(tmp_path, rows[:5] + rows[4:], 10) != []  # row 4 twice
     assert grid.source_problems(tmp_path, rows[:4] + rows[5:], 10) != []  # row 4 lost

@@ -95,13 +95,14 @@ def steps_of(ranks: list[list[dict]], after: float = float("-inf"), until: float
     return [by_step[step] for step in sorted(by_step)]
 
 
-def uninterrupted(data: Path, world: int, workers: int, dataset=None) -> list[list[int]]:
-    """The rows a run on ``world`` processes with ``workers`` workers takes, in global order, without kills
-    (``dataset``: the pipeline, ``lm.pipeline`` by default)."""
+def uninterrupted(data: Path, world: int, dataset=None) -> list[list[int]]:
+    """The rows a run on ``world`` processes takes, in global order, without kills (``dataset``: the pipeline,
+    ``lm.pipeline`` by default), on any number of workers: the package's loader deals the sequence to its workers
+    in blocks of one batch, so its batches are those of a plain ``DataLoader`` without workers."""
     from torch.utils.data import DataLoader
 
     dataset = lm.pipeline(data, lm.WEIGHTS) if dataset is None else dataset
-    loader = DataLoader(dataset, batch_size=lm.BATCH, num_workers=workers, drop_last=True)
+    loader = DataLoader(dataset, batch_size=lm.BATCH, drop_last=True)
     batches = [batch["input_ids"].tolist() for batch in loader]
     steps = len(batches) // world  # the dispatcher deals batch i to rank i % world; a last partial step is dropped
     return [row for batch in batches[: steps * world] for row in batch]
@@ -133,7 +134,7 @@ def test_a_mixture_packed_killed_and_resumed_on_2_3_1_processes_loses_and_repeat
 
     # Across a kill on the same topology, the run is the uninterrupted one, row for row.
     same = kept[0] + kept[1]
-    assert same == uninterrupted(out / "data", 2, 2)[: len(same)]
+    assert same == uninterrupted(out / "data", 2)[: len(same)]
 
     # Over the whole run, each source delivered its first documents in its own order, each token once, but
     # the tokens of the rows left out.

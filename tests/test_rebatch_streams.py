@@ -30,11 +30,12 @@ def ids(steps) -> list:
 SEQUENCE = ids(run_loop(make(0, 1, False), 1)[0])  # the mixture's global sequence, one item a batch
 
 
-def expected_rest(before: list, shares: int, batch: int) -> set:
-    """What the resumed epoch must deliver: each share's items not taken, but its last incomplete batch."""
+def expected_rest(before: list, shares: int, batch: int, block: int) -> set:
+    """What the resumed epoch must deliver: each share's items not taken, but its last incomplete batch. Share
+    ``w`` holds the blocks ``w, w + shares, ...`` of the sequence, each of one batch of the saving run."""
     taken, rest = set(before), set()
     for share in range(shares):
-        mine = [item for k, item in enumerate(SEQUENCE) if k % shares == share]
+        mine = [item for k, item in enumerate(SEQUENCE) if (k // block) % shares == share]
         left = [item for item in mine if item not in taken]
         rest |= set(left[: len(left) // batch * batch])
     return rest
@@ -51,7 +52,7 @@ def test_each_share_goes_on_in_batches_of_the_new_size(dispatch, workers, batche
         after = ids(run_loop(resumed, 1, taken=len(steps))[0])
         before = ids(steps)
         assert len(after) == len(set(after)) and not set(before) & set(after), f"stop {stop}: taken again"
-        assert set(after) == expected_rest(before, max(workers[0], 1), batches[1]), f"stop {stop}: lost or added"
+        assert set(after) == expected_rest(before, max(workers[0], 1), batches[1], batches[0]), f"stop {stop}: lost or added"
         assert all(len(step.ids) == batches[1] for step in run_loop(make(0, batches[1], dispatch), 1)[0])
 
 

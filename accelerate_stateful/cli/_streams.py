@@ -1,7 +1,8 @@
 """A stream loader's steps over a composable source, as the source's global item indices (``samples``).
 
 Every rank reads the whole stream (``reading`` ``"whole"``) through ``L`` logical worker shares: share ``w``
-keeps the items ``k`` with ``k % L == w`` (but those left out with ``skip_samples``), cuts them into global
+keeps the items ``k`` of its blocks, ``(k // b) % L == w`` with the epoch's block ``b`` saved in each share's
+position (1 if absent), but those left out with ``skip_samples``; it cuts them into global
 batches of ``P * W`` items (``P`` per rank on ``W`` ranks) and hands rank ``r`` the ``r``-th ``P`` of each;
 the loader takes the shares' batches round-robin from share 0 (``loaders/_stream``, ``_shares``), so rank
 ``r``'s step ``N`` is share ``N % L``'s batch ``N // L``. Under the dispatcher the main process's reader is
@@ -41,6 +42,7 @@ class Layout:
     anchors: tuple  # each share's saved outermost position (``None``: not read yet)
     dispatched: bool = False
     split: bool = False
+    block: int = 1  # the epoch's block of items dealt to one share in turn (``sources._global``)
 
 
 def is_composed(state: Mapping[str, Any]) -> bool:
@@ -74,7 +76,8 @@ def layout(state: Mapping[str, Any], world: int) -> Layout:
         taken=state[S.BATCHES_YIELDED], epoch=state[S.EPOCH], skip=tuple(map(tuple, of_epoch(
             reader.get(S.SKIPPED, []), reader[S.EPOCH]))),
         anchors=tuple(None if snap is None else snap["dataset"]["position"] for snap in stream["snapshots"]),
-        dispatched=dispatched, split=split)
+        dispatched=dispatched, split=split,
+        block=next((int(snap["dataset"].get("block", 1)) for snap in stream["snapshots"] if snap is not None), 1))
     _check_counts(found, reader, state)
     return found
 
@@ -106,7 +109,7 @@ def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, 
         if snap is not None and snap.get("ended"):
             trouble = f"worker share {w} reached the end of the stream in this epoch"
         elif stream["taken"][w] != taken or (items and index != share_items(w, found.shares, found.skip,
-                                                                             [items - 1])[0] + 1):
+                                                                             [items - 1], found.block)[0] + 1):
             trouble = trouble or (f"worker share {w} stands at sample {index} after {stream['taken'][w]} batches, "
                                   f"not after {taken} batches of {batch} from the epoch's start")
     if trouble:
@@ -117,20 +120,25 @@ def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, 
         )
 
 
-def share_items(w: int, shares: int, skip: tuple, js: list[int]) -> list[int]:
-    """The global indices of share ``w``'s items ``js`` (the ``j``-th item it kept, for each ``j``)."""
+def share_items(w: int, shares: int, skip: tuple, js: list[int], block: int = 1) -> list[int]:
+    """The global indices of share ``w``'s items ``js`` (the ``j``-th item it kept, for each ``j``): the items
+    of its blocks of ``block``, every ``shares``-th block from block ``w``."""
+    def own(i: int) -> int:  # the share's i-th item before any is left out
+        return ((i // block) * shares + w) * block + i % block
+
     if not skip:
-        return [w + shares * j for j in js]
+        return [own(j) for j in js]
     wanted, found = set(js), {}
-    ranges, k, j, last = list(skip), w, 0, max(js)
+    ranges, i, j, last = list(skip), 0, 0, max(js)
     while j <= last:
+        k = own(i)
         while ranges and k >= ranges[0][1]:
             ranges.pop(0)
         if not (ranges and ranges[0][0] <= k):  # kept: the share's item j
             if j in wanted:
                 found[j] = k
             j += 1
-        k += shares
+        i += 1
     return [found[j] for j in js]
 
 
@@ -146,4 +154,4 @@ def step_items(found: Layout, step: int) -> list[int]:
     else:
         share, number = step % found.shares, step // found.shares
         js = [number * per * found.world + found.rank * per + i for i in range(per)]
-    return share_items(share, found.shares, found.skip, js)
+    return share_items(share, found.shares, found.skip, js, found.block)

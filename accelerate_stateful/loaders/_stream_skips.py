@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 from ..checkpoint import _state as S
 from ..errors import UnsupportedConfigError
 from ..position import _skips
+from ..sources._global import share_of
 from ._snapshot import unpack
 
 
@@ -59,18 +60,45 @@ def with_ranges(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[i
     return found
 
 
+def epoch_block(snapshots: Sequence[Optional[dict]], block: int) -> int:
+    """The block of the epoch these shares' starting snapshots are in (``sources._global``): the one they were
+    saved with (an epoch keeps its block); 1 (item by item) when a share has read without recording one, as
+    before blocks were recorded; else, in an epoch no share has read from, ``block``, this loader's."""
+    states = [unpack(snapshot)["dataset"] for snapshot in snapshots if snapshot is not None]
+    for state in states:
+        if "block" in state:
+            return int(state["block"])
+    return 1 if any(state["index"] > 0 for state in states) else block
+
+
+def with_block(snapshots: Sequence[Optional[dict]], block: int) -> list[Optional[dict]]:
+    """The shares' starting snapshots with the epoch's ``block`` in each source state (every share of an epoch
+    splits the sequence alike); as they are for a block of 1, as before blocks were recorded."""
+    if block == 1:
+        return list(snapshots)
+    found: list[Optional[dict]] = []
+    for snapshot in snapshots:
+        snap = None if snapshot is None else unpack(snapshot)
+        state = dict((snap or {}).get("dataset") or {"index": 0, "position": None}, block=block)
+        found.append(dict(snap or {"items": 0, "ended": False}, dataset=state))
+    return found
+
+
 def already_delivered(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[int]]) -> list[str]:
     """For each new ``(start, stop)`` range, a line when some share delivered items of it before it was given.
 
-    Share ``w`` of ``n`` delivered the items ``k`` with ``k % n == w`` below its next index.
+    Share ``w`` of ``n`` delivered the items of its blocks (``sources._global.share_of``) below its next index.
     """
     if not ranges:
         return []
     n = len(snapshots)
-    nexts = [0 if snap is None else int(unpack(snap)["dataset"]["index"]) for snap in snapshots]
+    states = [None if snap is None else unpack(snap)["dataset"] for snap in snapshots]
+    nexts = [0 if state is None else int(state["index"]) for state in states]
+    block = next((int(state.get("block", 1)) for state in states if state is not None), 1)
     lines = []
     for start, stop in ranges:
-        passed = [w for w, at in enumerate(nexts) if start + (w - start) % n < min(stop, at)]
+        passed = [w for w, at in enumerate(nexts) if any(
+            share_of(k, n, block) == w for k in range(start, min(stop, at, start + n * block)))]
         if passed:
             lines.append(
                 f"skip_samples({start}, {stop}): {len(passed)} of {n} reader shares had already delivered items of "

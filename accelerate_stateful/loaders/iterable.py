@@ -224,8 +224,12 @@ class IterableShardDataLoader(DataLoaderAdapter):
 
     def __len__(self) -> int:
         length = len(self.dataset)  # TypeError for a stream without a length, as with a DataLoader
-        step = self.total_batch_size if self._sliced else self._per_rank
+        step = self._block()
         return length // step if self._drop_last else -(-length // step)
+
+    def _block(self) -> int:
+        """The stream items one worker batch takes: the global batch when every rank reads the whole stream."""
+        return self.total_batch_size if self._sliced else self._per_rank
 
     # ----------------------------------------------------------------- position hooks
     def _batches(self) -> Iterator[Any]:
@@ -248,6 +252,8 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 snapshots, [(start, stop) for epoch, start, stop in self._unannounced if epoch == self._epoch])
             self._unannounced = [r for r in self._unannounced if r[0] > self._epoch]
             snapshots = _stream_skips.with_ranges(snapshots, _skips.of_epoch(self._skips, self._epoch))
+            # The blocks dealt to the workers are one worker batch's items: the same batches on any num_workers.
+            snapshots = _stream_skips.with_block(snapshots, _stream_skips.epoch_block(snapshots, self._block()))
         for line in lines if self.ctx.is_main else ():
             logger.warning("%s", line)
         starts = [

@@ -9,9 +9,16 @@ any other.
 
 A composition (``Packed(Mixture(...))``) reads its children whole through
 cursors (:func:`open_source`). Only the outermost source, iterated by a
-``DataLoader`` worker, splits the sequence: worker ``w`` of ``n`` keeps the
-items ``k`` with ``k % n == w`` and reads the others without keeping them, so
-every worker's children stay at the sequence's own position. The worker is the
+``DataLoader`` worker, splits the sequence: the items come in blocks of
+``b``, dealt to the ``n`` workers in turn, so worker ``w`` keeps the items
+``k`` with ``(k // b) % n == w`` and reads the others without keeping them;
+every worker's children stay at the sequence's own position. The loader makes
+``b`` the items one worker batch takes from the stream (the global batch when
+every rank reads the whole stream): worker ``w``'s batches are then the
+sequence's batches ``w, w + n, ...``, and the loader, taking the workers'
+batches in turn, hands out the batches of a run without workers, whatever
+``n`` is. ``b`` is fixed for an epoch and saved with every share's position
+(``"block"``; absent: 1, item by item, as before it was recorded). The worker is the
 one ``get_worker_info()`` reports, which under a prepared loader is the
 *logical* worker (see ``loaders/_stream``), so a share resumed by another
 number of workers keeps its items.
@@ -31,7 +38,7 @@ its share keeps (for accounting what the share delivered).
 Items can be left out for good (``loader.skip_samples``: a loss spike's rows):
 the loader puts the epoch's ranges of indices into every share's starting
 state (``"skip"``), and the outermost source reads the items in them without
-handing them to any worker. The split stays ``k % n == w`` over the indices,
+handing them to any worker. The split stays the blocks over the indices,
 so what every share keeps outside the ranges does not move.
 """
 
@@ -60,15 +67,24 @@ class Cursor(Protocol):
     # worker's share; ``keeps(k)`` says whether the share hands out the item of global index ``k``.
 
 
-def share_filter(workers: int, worker: int, skip: Sequence[Sequence[int]] = ()) -> Callable[[int], bool]:
-    """Whether worker ``worker`` of ``workers`` hands out the item of global index ``k``: its own items
-    (``k % workers == worker``) but those in the sorted, disjoint ``[start, stop)`` ranges of ``skip``."""
+def share_of(k: int, workers: int, block: int = 1) -> int:
+    """The worker share that hands out the item of global index ``k``: blocks of ``block`` items are dealt to
+    the ``workers`` shares in turn."""
+    return (k // block) % workers
+
+
+def share_filter(workers: int, worker: int, skip: Sequence[Sequence[int]] = (), block: int = 1
+                 ) -> Callable[[int], bool]:
+    """Whether worker ``worker`` of ``workers`` hands out the item of global index ``k``: the items of its own
+    blocks (:func:`share_of`) but those in the sorted, disjoint ``[start, stop)`` ranges of ``skip``."""
     if not skip:
-        return lambda k: k % workers == worker
+        if block == 1:
+            return lambda k: k % workers == worker
+        return lambda k: (k // block) % workers == worker
     starts, stops = [start for start, _ in skip], [stop for _, stop in skip]
 
     def keeps(k: int) -> bool:
-        if k % workers != worker:
+        if (k // block) % workers != worker:
             return False
         i = bisect.bisect_right(starts, k) - 1
         return i < 0 or k >= stops[i]
@@ -286,10 +302,12 @@ class GlobalStream(IterableDataset):
     def state_dict(self) -> dict:
         live = self.__dict__.get("_live")
         if live is not None:
-            cursor, index, skip = live
+            cursor, index, skip, block = live
             state = {"index": index[0], "position": cursor.position()}
             if skip:
                 state["skip"] = [list(r) for r in skip]
+            if block != 1:
+                state["block"] = block
             return state
         start = self.__dict__.get("_start")
         return copy.deepcopy(start) if start is not None else {"index": 0, "position": None}
@@ -318,12 +336,13 @@ class GlobalStream(IterableDataset):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         skip = [tuple(r) for r in start.get("skip", ())]
-        keeps = share_filter(workers, worker, skip)
+        block = start.get("block", 1)
+        keeps = share_filter(workers, worker, skip, block)
         cursor = self.open(start["position"], self.epoch)
         if callable(getattr(cursor, "split", None)):
             cursor.split(keeps)
         index = [start["index"]]  # shared with state_dict(): the global index of the next item
-        self._live = (cursor, index, skip)
+        self._live = (cursor, index, skip, block)
         return self._split(cursor, index, keeps)
 
     @staticmethod
@@ -339,10 +358,13 @@ class GlobalStream(IterableDataset):
 
 
 def _well_formed(state: Any) -> bool:
-    """A state :meth:`GlobalStream.state_dict` writes: the next index, a position, maybe the ranges left out."""
-    if not isinstance(state, dict) or not {"index", "position"} <= set(state) <= {"index", "position", "skip"}:
+    """A state :meth:`GlobalStream.state_dict` writes: the next index, a position, maybe the ranges left out and
+    the epoch's block."""
+    if not isinstance(state, dict) or not {"index", "position"} <= set(state) <= {"index", "position", "skip",
+                                                                                   "block"}:
         return False
-    if not isinstance(state["index"], int) or isinstance(state["index"], bool) or state["index"] < 0:
+    if not all(isinstance(state.get(key, 1), int) and not isinstance(state.get(key, 1), bool)
+               for key in ("index", "block")) or state["index"] < 0 or state.get("block", 1) < 1:
         return False
     skip = state.get("skip", [])
     return isinstance(skip, list) and all(
