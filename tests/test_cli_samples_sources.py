@@ -181,15 +181,18 @@ def test_samples_of_a_checkpoint_written_before_mixtures_recorded_their_seed_say
     assert status == 4 and "written before a Mixture recorded its seed" in err
 
 
-def test_samples_refuse_an_epoch_continued_with_another_batch_size(tmp_path):
+def test_samples_name_an_epoch_continued_with_another_batch_size_from_where_its_blocks_began_again(tmp_path):
+    """Resumed with batches of 2 after three of 3, the rest of the epoch is dealt again from the first item no share
+    handed out (``loaders/_frontier``): samples names every batch of both dealings."""
     ckpt = _checkpoint(tmp_path, _simple(), world=1, drop_last=True)
     resumed = IterableShardDataLoader.from_dataloader(DataLoader(_simple(), batch_size=2, drop_last=True),
                                                       DistContext(0, 1))
     resumed.load_state_dict(_files.read_loader_state(ckpt, 0, 0))
-    passes: list = []
-    _run([resumed], 2, passes)
-    status, _, err = run_cli("samples", _saved(tmp_path, "rebatched", [resumed]), "--consumed")
-    assert status == 4 and "is not laid out as one run from its start" in err
+    _run([resumed], 2, [])
+    sequence = [int(i) for i in DataLoader(_simple(), batch_size=None)][:13]
+    named = [{"source": "a" if i < 3000 else "c", "document": i - (1000 if i < 3000 else 3000)} for i in sequence]
+    expected = [named[0:3], named[3:6], named[6:9], named[9:11], named[11:13]]
+    assert _answers(_saved(tmp_path, "rebatched", [resumed])) == [expected]
 
 
 def test_a_mixture_resumed_with_another_seed_is_refused_since_every_later_source_would_differ(tmp_path):

@@ -124,3 +124,42 @@ def test_a_checkpoint_of_an_item_by_item_split_keeps_it_for_the_rest_of_its_epoc
     assert items(run, 0) == items(old_run, 0) and len(items(run, 0)) == len(set(items(run, 0)))
     assert [[step for step in rank if step[0] == 1] for rank in run] == [
         [step for step in rank if step[0] == 1] for rank in reference]
+
+
+def _global_steps(seen: list) -> list:
+    """Per step, the rows of every rank together (sorted): what a step trained on, whichever rank had which row."""
+    return [sorted(row for rank in seen for row in (rank[n][1] if n < len(rank) else [])) for n in
+            range(max(len(rank) for rank in seen))]
+
+
+def _regroup_configs(count: int = 16) -> list:
+    rng = random.Random(1129)
+    found = []
+    for n in range(count):
+        worlds = rng.choice([(1, 2), (2, 3), (3, 2), (2, 1), (3, 1), (1, 3), (2, 2)])
+        cfg = dict(shape=["mixture", "packed", "shuffled", "filtered"][n % 4], dispatch=rng.random() < 0.5,
+                   seed=rng.randrange(100), workers=(rng.choice([0, 1, 2, 3]), rng.choice([0, 1, 2, 3])),
+                   worlds=worlds, stop=1 + rng.randrange(5))
+        found.append(pytest.param(cfg, id=f"{cfg['shape']}-{'dispatch' if cfg['dispatch'] else 'shard'}-world"
+                                  f"{worlds[0]}to{worlds[1]}-workers{cfg['workers'][0]}to{cfg['workers'][1]}"
+                                  f"-at{cfg['stop']}"))
+    return found
+
+
+@pytest.mark.parametrize("cfg", _regroup_configs())
+def test_a_run_resumed_on_other_processes_and_workers_trains_each_step_on_the_uninterrupted_runs_rows(cfg):
+    """The global batch kept (6 rows a step on 1, 2 or 3 ranks), a run saved at a drawn step and resumed on
+    another number of processes and workers trains every step on the rows the uninterrupted run trained on then:
+    the rest of the epoch is dealt again from the first item no share handed out (``loaders/_frontier``)."""
+    def at(world: int) -> dict:
+        return dict(cfg, world=world, batch=6 // world, drop_last=True)
+
+    first, second = cfg["worlds"]
+    reference = _global_steps(_run(_loaders(at(first), 0))[0])
+    before, states = _run(_loaders(at(first), cfg["workers"][0]), stop=cfg["stop"])
+    resumed = _loaders(at(second), cfg["workers"][1])
+    for rank, loader in enumerate(resumed):
+        loader.load_state_dict(states[rank] if first == second else states[0])
+    after, _ = _run(resumed, taken=cfg["stop"])
+    steps = _global_steps(before)[: cfg["stop"]] + _global_steps(after)
+    assert steps[: len(reference)] == reference[: len(steps)]

@@ -154,6 +154,8 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_agree.py": "GlobalStream.agree: a composable source's shares agree at each pass start; " + _PLUMBING,
     "loaders/_stream_skips.py": "a composable source's items left out (skip_samples), put into each share's "
                                 "start; " + _PLUMBING,
+    "loaders/_frontier.py": "a composable source's epoch dealt again from the first item no share handed out, on "
+                            "another number of workers or another batch; " + _PLUMBING,
 }
 
 DATA, SAVE, RESUME, NOTE = "#dbe9f6", "#e3f1df", "#fbe8d3", "#f2f2f2"

@@ -43,6 +43,9 @@ class Layout:
     dispatched: bool = False
     split: bool = False
     block: int = 1  # the epoch's block of items dealt to one share in turn (``sources._global``)
+    origin: int = 0  # the index the current dealing's blocks start at
+    first: int = 0  # the loader's first batch of the current dealing (``loaders/_frontier``)
+    regrouped: tuple = ()  # earlier dealings of the epoch: (first batch, origin, block, world size)
 
 
 def is_composed(state: Mapping[str, Any]) -> bool:
@@ -77,7 +80,12 @@ def layout(state: Mapping[str, Any], world: int) -> Layout:
             reader.get(S.SKIPPED, []), reader[S.EPOCH]))),
         anchors=tuple(None if snap is None else snap["dataset"]["position"] for snap in stream["snapshots"]),
         dispatched=dispatched, split=split,
-        block=next((int(snap["dataset"].get("block", 1)) for snap in stream["snapshots"] if snap is not None), 1))
+        block=next((int(snap["dataset"].get("block", 1)) for snap in stream["snapshots"] if snap is not None), 1),
+        origin=next((int(snap["dataset"].get("origin", 0)) for snap in stream["snapshots"] if snap is not None), 0),
+        first=int(stream.get("before", 0)), regrouped=tuple(tuple(r) for r in stream.get("regrouped", ())))
+    if any(piece[3] != reader[S.TOPOLOGY].get("world_size") for piece in found.regrouped):
+        raise NotAnswerable("this checkpoint's epoch was continued on another number of processes, and samples "
+                            "names a stream's samples only for an epoch read on one number of processes")
     _check_counts(found, reader, state)
     return found
 
@@ -98,8 +106,8 @@ def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, 
     """Refuse a checkpoint whose saved counts are not those of the layout from the epoch's start."""
     stream = reader[S.STREAM]
     batch = found.per_rank * (found.world if found.split or not found.dispatched else 1)  # a share's batch
-    steps = reader[S.BATCHES_YIELDED]
-    expected_steps = found.taken * (1 if found.split or not found.dispatched else found.world)
+    steps = reader[S.BATCHES_YIELDED] - found.first  # of the current dealing
+    expected_steps = found.taken * (1 if found.split or not found.dispatched else found.world) - found.first
     trouble = None
     if found.dispatched and (steps != expected_steps or any(state.get("step_origin") or [])):
         trouble = "the dispatcher's reader and the processes' steps do not line up from the epoch's start"
@@ -108,8 +116,8 @@ def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, 
         items, index = taken * batch, 0 if snap is None else snap["dataset"]["index"]
         if snap is not None and snap.get("ended"):
             trouble = f"worker share {w} reached the end of the stream in this epoch"
-        elif stream["taken"][w] != taken or (items and index != share_items(w, found.shares, found.skip,
-                                                                             [items - 1], found.block)[0] + 1):
+        elif stream["taken"][w] != taken or (items and index != share_items(
+                w, found.shares, found.skip, [items - 1], found.block, found.origin)[0] + 1):
             trouble = trouble or (f"worker share {w} stands at sample {index} after {stream['taken'][w]} batches, "
                                   f"not after {taken} batches of {batch} from the epoch's start")
     if trouble:
@@ -120,11 +128,11 @@ def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, 
         )
 
 
-def share_items(w: int, shares: int, skip: tuple, js: list[int], block: int = 1) -> list[int]:
+def share_items(w: int, shares: int, skip: tuple, js: list[int], block: int = 1, origin: int = 0) -> list[int]:
     """The global indices of share ``w``'s items ``js`` (the ``j``-th item it kept, for each ``j``): the items
-    of its blocks of ``block``, every ``shares``-th block from block ``w``."""
+    of its blocks of ``block`` from index ``origin``, every ``shares``-th block from block ``w``."""
     def own(i: int) -> int:  # the share's i-th item before any is left out
-        return ((i // block) * shares + w) * block + i % block
+        return origin + ((i // block) * shares + w) * block + i % block
 
     if not skip:
         return [own(j) for j in js]
@@ -149,9 +157,14 @@ def step_items(found: Layout, step: int) -> list[int]:
         size = per * (found.world if found.split else 1)
         batch = step if found.split else step * found.world + found.rank
         offset = found.rank * per if found.split else 0
-        share, number = batch % found.shares, batch // found.shares
-        js = [number * size + offset + i for i in range(per)]
     else:
-        share, number = step % found.shares, step // found.shares
-        js = [number * per * found.world + found.rank * per + i for i in range(per)]
-    return share_items(share, found.shares, found.skip, js, found.block)
+        size, batch, offset = per * found.world, step, found.rank * per
+    if batch < found.first:  # an earlier dealing: its batches were its blocks (of its batch size), in turn
+        first, origin, block, _ = [piece for piece in found.regrouped if piece[0] <= batch][-1]
+        cut = found.split or not found.dispatched  # a block cut between the ranks
+        per_then = block // found.world if cut else block
+        start = origin + (batch - first) * block + (found.rank * per_then if cut else 0)
+        return list(range(start, start + per_then))
+    share, number = (batch - found.first) % found.shares, (batch - found.first) // found.shares
+    js = [number * size + offset + i for i in range(per)]
+    return share_items(share, found.shares, found.skip, js, found.block, found.origin)

@@ -14,7 +14,7 @@ from .._context import DistContext
 from ..position._order import mix_seed
 from ._ordered import require_in_order
 from ._agree import agree_snapshots
-from . import _stream_skips
+from . import _frontier, _stream_skips
 from ._channels import WorkerStart
 from ._stream import Slicer, StreamDataset, passthrough
 from ._shares import MARKER, deal, worker_base_seed
@@ -33,6 +33,10 @@ _BASE_SETTINGS = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", 
                   "pin_memory_device")
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class StreamPosition:
     """What the training loop took from each logical worker in this epoch, and where each resumes.
 
@@ -47,6 +51,9 @@ class StreamPosition:
 
     def reset(self) -> None:
         self.num_logical, self.shown = self.own
+        self.before = 0  # batches the epoch took before its shares were dealt again (``_frontier``)
+        # Each earlier dealing of the epoch: [its first batch, origin, block, world size] (``samples`` reads them).
+        self.regrouped: list[list[int]] = []
         self.taken = [0] * self.num_logical
         self.snapshots: list[Optional[dict]] = [None] * self.num_logical  # where each logical worker starts
         self.rotation = 0
@@ -54,7 +61,7 @@ class StreamPosition:
 
     @property
     def batches(self) -> int:
-        return sum(self.taken)
+        return self.before + sum(self.taken)
 
     def next_rotation(self) -> int:
         return self.rotation if self.last is None else (self.last + 1) % self.num_logical
@@ -303,6 +310,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
                 "snapshots": self._snapshots(),
                 "stateful": self._stream.stateful,
                 "reading": self._reading,
+                **({"before": pos.before, "regrouped": [list(r) for r in pos.regrouped]} if pos.before else {}),
             },
             S.SKIPPED: [list(r) for r in self._skips],
         }
@@ -370,9 +378,15 @@ class IterableShardDataLoader(DataLoaderAdapter):
         taken, snapshots = stream.get("taken"), stream["snapshots"]
         if not (isinstance(taken, list) and len(taken) == len(snapshots) == stream["workers"]):
             raise UnsupportedConfigError(f"cannot resume{where}: inconsistent stream position {stream!r}")
-        if sum(taken) != state_dict[S.BATCHES_YIELDED]:
+        before, regrouped = stream.get("before", 0), stream.get("regrouped", [])
+        if not (_whole(before) and isinstance(regrouped, list) and all(
+                isinstance(r, list) and len(r) == 4 and all(_whole(v) for v in r) for r in regrouped)):
             raise UnsupportedConfigError(
-                f"cannot resume{where}: inconsistent position: the workers' batches add up to {sum(taken)}, "
+                f"cannot resume{where}: the stream position's record of how its epoch was dealt to the workers is "
+                "damaged; resume from another checkpoint")
+        if before + sum(taken) != state_dict[S.BATCHES_YIELDED]:
+            raise UnsupportedConfigError(
+                f"cannot resume{where}: inconsistent position: the workers' batches add up to {before + sum(taken)}, "
                 f"but batches_yielded={state_dict[S.BATCHES_YIELDED]}; resume from another checkpoint"
             )
         _stream_skips.saved_ranges(state_dict, where)  # (another dataset class is refused with the config)
@@ -420,8 +434,12 @@ class IterableShardDataLoader(DataLoaderAdapter):
         pos.taken = list(stream["taken"])
         pos.snapshots = list(stream["snapshots"])
         pos.rotation = stream["rotation"]
-        if (pos.num_logical, pos.shown) != pos.own and not any(pos.taken):
+        pos.before = stream.get("before", 0)
+        pos.regrouped = [list(r) for r in stream.get("regrouped", [])]
+        if (pos.num_logical, pos.shown) != pos.own and not any(pos.taken) and not pos.before:
             pos.reset()  # an epoch not begun is read by this loader's own workers, as a fresh run reads it
+        elif isinstance(self._stream.dataset, GlobalStream):
+            self._regroup(stream, state_dict[S.EPOCH], state_dict[S.TOPOLOGY].get("world_size", 1))
         if not stream["stateful"]:
             self.replayed_samples = sum(s["items"] for s in pos.snapshots if s is not None and not s["ended"])
             if self.replayed_samples:
@@ -430,6 +448,21 @@ class IterableShardDataLoader(DataLoaderAdapter):
                     "already consumed from it; implement them to resume without replay",
                     type(self.dataset).__name__, self.replayed_samples,
                 )
+
+    def _regroup(self, stream: Mapping[str, Any], epoch: int, saved_world: int) -> None:
+        """On another number of workers or another block, the rest of a composable source's epoch from the first
+        item no share handed out, dealt in this loader's own blocks (``_frontier``); as saved where it cannot be."""
+        pos, block = self._position, self._block()
+        if (pos.num_logical, pos.shown) == pos.own and _stream_skips.epoch_block(pos.snapshots, block) == block:
+            return  # the same shares and blocks: they go on as saved
+        found = None if _skips.of_epoch(self._skips, epoch) else _frontier.frontier(stream)
+        if found is None:
+            return
+        snapshot, start, origin, old_block = found
+        before, history = pos.batches, pos.regrouped + [[pos.before, origin, old_block, saved_world]]
+        pos.reset()
+        pos.before, pos.regrouped = before, history
+        pos.snapshots = _frontier.regrouped(snapshot, start, block, pos.num_logical)
 
     def _rewind(self) -> None:
         self._position.reset()

@@ -18,7 +18,9 @@ every rank reads the whole stream): worker ``w``'s batches are then the
 sequence's batches ``w, w + n, ...``, and the loader, taking the workers'
 batches in turn, hands out the batches of a run without workers, whatever
 ``n`` is. ``b`` is fixed for an epoch and saved with every share's position
-(``"block"``; absent: 1, item by item, as before it was recorded). The worker is the
+(``"block"``; absent: 1, item by item, as before it was recorded). An epoch
+resumed on another number of workers or another block starts the blocks again
+at the first one no share handed out (``"origin"``: ``loaders/_frontier``). The worker is the
 one ``get_worker_info()`` reports, which under a prepared loader is the
 *logical* worker (see ``loaders/_stream``), so a share resumed by another
 number of workers keeps its items.
@@ -67,24 +69,24 @@ class Cursor(Protocol):
     # worker's share; ``keeps(k)`` says whether the share hands out the item of global index ``k``.
 
 
-def share_of(k: int, workers: int, block: int = 1) -> int:
-    """The worker share that hands out the item of global index ``k``: blocks of ``block`` items are dealt to
-    the ``workers`` shares in turn."""
-    return (k // block) % workers
+def share_of(k: int, workers: int, block: int = 1, origin: int = 0) -> int:
+    """The worker share that hands out the item of global index ``k``: blocks of ``block`` items from index
+    ``origin`` on are dealt to the ``workers`` shares in turn."""
+    return ((k - origin) // block) % workers
 
 
-def share_filter(workers: int, worker: int, skip: Sequence[Sequence[int]] = (), block: int = 1
+def share_filter(workers: int, worker: int, skip: Sequence[Sequence[int]] = (), block: int = 1, origin: int = 0
                  ) -> Callable[[int], bool]:
     """Whether worker ``worker`` of ``workers`` hands out the item of global index ``k``: the items of its own
     blocks (:func:`share_of`) but those in the sorted, disjoint ``[start, stop)`` ranges of ``skip``."""
     if not skip:
-        if block == 1:
+        if block == 1 and origin == 0:
             return lambda k: k % workers == worker
-        return lambda k: (k // block) % workers == worker
+        return lambda k: ((k - origin) // block) % workers == worker
     starts, stops = [start for start, _ in skip], [stop for _, stop in skip]
 
     def keeps(k: int) -> bool:
-        if (k // block) % workers != worker:
+        if ((k - origin) // block) % workers != worker:
             return False
         i = bisect.bisect_right(starts, k) - 1
         return i < 0 or k >= stops[i]
@@ -302,12 +304,14 @@ class GlobalStream(IterableDataset):
     def state_dict(self) -> dict:
         live = self.__dict__.get("_live")
         if live is not None:
-            cursor, index, skip, block = live
+            cursor, index, skip, block, origin = live
             state = {"index": index[0], "position": cursor.position()}
             if skip:
                 state["skip"] = [list(r) for r in skip]
             if block != 1:
                 state["block"] = block
+            if origin:
+                state["origin"] = origin
             return state
         start = self.__dict__.get("_start")
         return copy.deepcopy(start) if start is not None else {"index": 0, "position": None}
@@ -336,13 +340,13 @@ class GlobalStream(IterableDataset):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         skip = [tuple(r) for r in start.get("skip", ())]
-        block = start.get("block", 1)
-        keeps = share_filter(workers, worker, skip, block)
+        block, origin = start.get("block", 1), start.get("origin", 0)
+        keeps = share_filter(workers, worker, skip, block, origin)
         cursor = self.open(start["position"], self.epoch)
         if callable(getattr(cursor, "split", None)):
             cursor.split(keeps)
         index = [start["index"]]  # shared with state_dict(): the global index of the next item
-        self._live = (cursor, index, skip, block)
+        self._live = (cursor, index, skip, block, origin)
         return self._split(cursor, index, keeps)
 
     @staticmethod
@@ -357,14 +361,17 @@ class GlobalStream(IterableDataset):
                 yield item
 
 
+STATE_KEYS = frozenset({"index", "position", "skip", "block", "origin"})  # what GlobalStream.state_dict() writes
+
+
 def _well_formed(state: Any) -> bool:
     """A state :meth:`GlobalStream.state_dict` writes: the next index, a position, maybe the ranges left out and
     the epoch's block."""
-    if not isinstance(state, dict) or not {"index", "position"} <= set(state) <= {"index", "position", "skip",
-                                                                                   "block"}:
+    if not isinstance(state, dict) or not {"index", "position"} <= set(state) <= STATE_KEYS:
         return False
     if not all(isinstance(state.get(key, 1), int) and not isinstance(state.get(key, 1), bool)
-               for key in ("index", "block")) or state["index"] < 0 or state.get("block", 1) < 1:
+               for key in ("index", "block", "origin")) or state["index"] < 0 or state.get("block", 1) < 1 \
+            or not 0 <= state.get("origin", 0) <= state["index"]:
         return False
     skip = state.get("skip", [])
     return isinstance(skip, list) and all(

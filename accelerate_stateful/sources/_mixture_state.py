@@ -114,7 +114,7 @@ def mixture_positions(state: Any) -> Iterator[dict]:
             yield from mixture_positions(part)
     elif isinstance(state, Mapping):
         position = state.get("position")
-        if {"index", "position"} <= set(state) <= {"index", "position", "skip", "block"}:  # a GlobalStream's state
+        if {"index", "position"} <= set(state) <= {"index", "position", "skip", "block", "origin"}:  # a GlobalStream's
             if isinstance(position, Mapping) and "delivered" in position:
                 yield position
         elif isinstance(state.get("stream"), Mapping):  # a stream loader: each logical worker's snapshot
