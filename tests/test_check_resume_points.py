@@ -130,3 +130,35 @@ def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     return stat[stat.rindex(b")") + 2:].split()[0].decode()
+
+
+def test_evaluation_batches_are_counted_on_the_next_step_but_not_compared_with_its_training_batches(
+        monkeypatch, tmp_path):
+    """A run resumed from a checkpoint saved right after an evaluation does not evaluate again: the step after it
+    must still compare equal, so evaluation batches stay out of the step's batches and the hash chain."""
+    import torch
+    from accelerate.utils import DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+
+    from accelerate_stateful import Accelerator
+
+    monkeypatch.setattr(_record_switch, "active", None)
+    monkeypatch.setenv(_record_switch.RECORD_ENV, str(tmp_path))
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    model = torch.nn.Linear(1, 1)
+    model, optimizer, train, evaluate = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.ones(4, 1), batch_size=2),
+        DataLoader(torch.ones(2, 1), batch_size=1))
+    for step, x in enumerate(train):
+        if step == 1:
+            model.eval()
+            for _ in evaluate:
+                pass
+            model.train()
+        accelerator.backward(model(x).sum())
+        optimizer.step()
+    steps = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["event"] == "step"]
+    assert [len(r["batches"]) for r in steps] == [1, 1]
+    assert [r.get("evaluation_batches") for r in steps] == [None, 2]
+    assert steps[1]["chain"] != steps[0]["chain"]

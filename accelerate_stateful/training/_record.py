@@ -7,7 +7,8 @@ leaves what it recorded up to the kill:
 
 - ``start``: an ``Accelerator`` was made (one per process start);
 - ``step``: after a step of the first prepared optimizer: the step number, each batch that prepared loaders
-  handed out since the previous step (a digest of its tensors' bytes, a short look at its first values, and a
+  handed out since the previous step for training (a batch handed out while a prepared model is in ``eval()``
+  mode is an evaluation's: counted as ``evaluation_batches``, not compared) (a digest of its tensors' bytes, a short look at its first values, and a
   short digest of each of its samples: row ``i`` of every tensor), the hash chain of every batch of the run so
   far, each loss ``accelerator.backward`` saw, and a digest of the prepared models' parameters after the step
   with their norm (compared within a tolerance when the process count changes between resumes);
@@ -154,6 +155,7 @@ class Recorder:
         self.step, self.chain = 0, ""
         self._epoch: Optional[int] = None  # the training loader's, at its last batch
         self._evaluated = False  # an evaluation batch since the last step
+        self._evaluations = 0  # evaluation batches since the last step (counted, not compared)
         self._batches: list = []
         self._losses: list = []
         hold = os.environ.get(HOLD_ENV)
@@ -182,10 +184,14 @@ class Recorder:
     def batch(self, batch: Any, loader: Any = None) -> None:
         accelerator = self._accelerator()
         if accelerator is not None and any(not m.training for m in accelerator._models):
+            # An evaluation batch: not trained on, so not part of the step's batches or the chain (a run resumed
+            # from a checkpoint saved after an evaluation does not evaluate again, and need not).
             if not self._evaluated:
                 self._evaluated = True
                 self._write({"event": "eval", "step": self.step})
-        elif loader is not None:
+            self._evaluations += 1
+            return
+        if loader is not None:
             self._epoch = getattr(loader, "epoch", None)
         digest = batch_digest(batch)
         self.chain = _hash(self.chain.encode(), digest.encode())
@@ -198,8 +204,9 @@ class Recorder:
     def _stepped(self, *_: Any) -> None:
         self.step += 1
         self._write({"event": "step", "step": self.step, "epoch": self._epoch, "batches": self._batches,
-                     "chain": self.chain, "losses": self._losses, **self._params(), "time": time.time()})
-        self._evaluated = False
+                     "chain": self.chain, "losses": self._losses, **self._params(), "time": time.time(),
+                     **({"evaluation_batches": self._evaluations} if self._evaluations else {})})
+        self._evaluated, self._evaluations = False, 0
         self._batches, self._losses = [], []
 
     def _params(self) -> dict:
