@@ -178,3 +178,18 @@ def test_a_runs_end_kills_the_ranks_its_launcher_started_in_sessions_of_their_ow
     assert len(ranks) == 1 and os.getpgid(ranks[0]) != launcher.pid
     job.end()
     assert ranks[0] not in {pid for pid, _, _ in _stats()}, "the rank outlived the run's end"
+
+
+def test_the_lm_pipeline_example_resumed_on_other_workers_is_identical(tmp_path):
+    """examples/lm_pipeline.py (a Mixture of a datasets stream, a map-style and an iterable source, packed into
+    rows; gradient accumulation, an evaluation and a save every few steps), killed after an evaluation and a save
+    on 0 workers and resumed on 2: every step's rows, losses and weights are the uninterrupted run's (the batches
+    of a composable source do not depend on the workers). docs/check-resume.md has the 10-kill chain across
+    processes too."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "lm_pipeline.py"
+    done = run_subprocess([sys.executable, "-m", "accelerate_stateful", "check-resume", "--runs", tmp_path,
+                           "--workers", "0,2", "--at", "first-batch,7", "--", sys.executable, example], timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert re.search(r"run 2 with 2 DataLoader worker\(s\): resumed from checkpoint_\d+ \(saved after step 6\)", out)
+    assert "identical: every batch, loss and weight of the 18 steps on 1 rank(s), 2 kill(s)" in out
