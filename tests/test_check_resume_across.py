@@ -76,4 +76,17 @@ def test_weights_beyond_the_tolerance_are_caught_and_another_global_batch_compar
     assert verdict.came == ["parameters' norm after the step 2.001"]
     bigger = {1: [["a", "c", "e"], ["b", "d", "g"]], 2: [["f", "h", "i"], ["j", "k", "l"]]}
     verdict = compare_across(ref, stitch_across([_run(bigger)]))
-    assert verdict.kind == "identical" and verdict.note.startswith("loss and weights not compared: the global batch")
+    assert verdict.kind == "identical" and "loss and weights not compared: the global batch" in verdict.note
+    assert verdict.note.startswith("compared over the first 12 samples, which both runs took")
+
+
+def test_a_chain_of_a_larger_global_batch_and_the_same_steps_is_compared_where_the_uninterrupted_run_ends():
+    """A fixed number of steps (the Trainer's max_steps) of a larger global batch takes samples past the
+    uninterrupted run's last: those are not compared; a sample lost before that point still is."""
+    ref = stitch_across([_run(REFERENCE)])
+    longer = {2: [["e", "g", "i"], ["f", "h", "j"]], 3: [["k", "l", "m"], ["n", "o", "p"]]}
+    verdict = compare_across(ref, stitch_across([_run(REFERENCE), _run(longer, first=2)]))
+    assert verdict.kind == "identical" and verdict.note.startswith("compared over the first 12 samples")
+    lost = {2: [["e", "g", "i"], ["f", "h", "x"]], 3: [["k", "l", "m"], ["n", "o", "p"]]}
+    verdict = compare_across(ref, stitch_across([_run(REFERENCE), _run(lost, first=2)]))
+    assert (verdict.kind, verdict.step) == ("samples", 3)

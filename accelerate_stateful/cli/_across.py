@@ -54,7 +54,8 @@ def compare_across(reference: dict[int, dict[int, dict]], chain: dict[int, dict[
     """The first step where the chain's samples (all ranks together), then its loss or weights, differ."""
     total = max(reference, default=0)
     ref, got = list(reference.items()), list(chain.items())
-    i = j = used_ref = used_got = 0
+    same_sizes = len(ref) == len(got) and all(len(_samples(a)) == len(_samples(b)) for (_, a), (_, b) in zip(ref, got))
+    i = j = used_ref = used_got = compared = 0
     pending: Counter = Counter()
     while i < len(ref) or j < len(got):
         if j >= len(got) or (i < len(ref) and used_ref <= used_got):
@@ -67,14 +68,25 @@ def compare_across(reference: dict[int, dict[int, dict]], chain: dict[int, dict[
                 pending[d] -= 1
             used_got += len(_samples(got[j][1]))
             j += 1
+        if used_ref == used_got:
+            compared = used_ref
+        if not same_sizes and (i == len(ref) and used_got >= used_ref or j == len(got) and used_ref >= used_got):
+            # One run ended first (a fixed number of steps of another global batch): the other's step that went
+            # past its end must hold every sample it has not matched yet, and nothing else of what was compared.
+            beyond = -1 if i == len(ref) else 1  # the sign of the samples the longer run took past the end
+            if any(count * beyond < 0 for count in pending.values()):
+                return _samples_verdict(total, got[j - 1][0] if j else 1, reference, chain, pending)
+            compared = min(used_ref, used_got)
+            break
         if (used_ref == used_got or i == len(ref) and j == len(got)) and any(pending.values()):
             step = got[j - 1][0] if j else 1
             if i == len(ref) and j == len(got) and len(got) < len(ref):
                 step = got[-1][0] + 1 if got else 1  # the chain stopped short
             return _samples_verdict(total, step, reference, chain, pending)
-    if len(ref) != len(got) or any(len(_samples(a)) != len(_samples(b)) for (_, a), (_, b) in zip(ref, got)):
-        return Verdict("identical", total, note="loss and weights not compared: the global batch differs between "
-                       "process counts (scale the per-rank batch with the number of processes to compare them)")
+    if not same_sizes:
+        return Verdict("identical", total, note=f"compared over the first {compared} samples, which both runs took; "
+                       "loss and weights not compared: the global batch differs between process counts (scale the "
+                       "per-rank batch with the number of processes to compare them)")
     for (step, a), (_, b) in zip(ref, got):
         found = _weights_differ(a, b)
         if found is not None:
