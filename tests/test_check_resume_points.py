@@ -43,7 +43,9 @@ def test_a_kill_point_that_is_neither_a_step_nor_a_moment_is_refused_listing_the
         points("3,epoch_end")
 
 
-def test_the_records_name_each_backward_each_evaluation_and_the_training_loaders_epoch(monkeypatch, tmp_path):
+def _recorded(monkeypatch, tmp_path) -> tuple:
+    """A recording Accelerator (records into ``tmp_path``) with a model, its optimizer, a training loader of two
+    batches and an evaluation loader of two."""
     import torch
     from accelerate.utils import DataLoaderConfiguration
     from torch.utils.data import DataLoader
@@ -54,9 +56,13 @@ def test_the_records_name_each_backward_each_evaluation_and_the_training_loaders
     monkeypatch.setenv(_record_switch.RECORD_ENV, str(tmp_path))
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     model = torch.nn.Linear(1, 1)
-    model, optimizer, train, evaluate = accelerator.prepare(
+    return (accelerator, *accelerator.prepare(
         model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.ones(4, 1), batch_size=2),
-        DataLoader(torch.ones(2, 1), batch_size=1))
+        DataLoader(torch.ones(2, 1), batch_size=1)))
+
+
+def test_the_records_name_each_backward_each_evaluation_and_the_training_loaders_epoch(monkeypatch, tmp_path):
+    accelerator, model, optimizer, train, evaluate = _recorded(monkeypatch, tmp_path)
     for x in train:
         for half in x.split(1):
             accelerator.backward(model(half).sum())
@@ -136,19 +142,7 @@ def test_evaluation_batches_are_counted_on_the_next_step_but_not_compared_with_i
         monkeypatch, tmp_path):
     """A run resumed from a checkpoint saved right after an evaluation does not evaluate again: the step after it
     must still compare equal, so evaluation batches stay out of the step's batches and the hash chain."""
-    import torch
-    from accelerate.utils import DataLoaderConfiguration
-    from torch.utils.data import DataLoader
-
-    from accelerate_stateful import Accelerator
-
-    monkeypatch.setattr(_record_switch, "active", None)
-    monkeypatch.setenv(_record_switch.RECORD_ENV, str(tmp_path))
-    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
-    model = torch.nn.Linear(1, 1)
-    model, optimizer, train, evaluate = accelerator.prepare(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.ones(4, 1), batch_size=2),
-        DataLoader(torch.ones(2, 1), batch_size=1))
+    accelerator, model, optimizer, train, evaluate = _recorded(monkeypatch, tmp_path)
     for step, x in enumerate(train):
         if step == 1:
             model.eval()
