@@ -51,11 +51,16 @@ def with_ranges(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[i
     """
     if not ranges:
         return list(snapshots)
+    return _with_source_field(snapshots, skip=[list(r) for r in ranges])
+
+
+def _with_source_field(snapshots: Sequence[Optional[dict]], **field: Any) -> list[Optional[dict]]:
+    """Each share's starting snapshot with ``field`` set in its source state; a share starting the epoch
+    (``None``) gets the source's starting state with it."""
     found: list[Optional[dict]] = []
     for snapshot in snapshots:
         snap = None if snapshot is None else unpack(snapshot)
-        state = dict((snap or {}).get("dataset") or {"index": 0, "position": None})
-        state["skip"] = [list(r) for r in ranges]
+        state = dict((snap or {}).get("dataset") or {"index": 0, "position": None}, **field)
         found.append(dict(snap or {"items": 0, "ended": False}, dataset=state))
     return found
 
@@ -76,12 +81,7 @@ def with_block(snapshots: Sequence[Optional[dict]], block: int) -> list[Optional
     splits the sequence alike); as they are for a block of 1, as before blocks were recorded."""
     if block == 1:
         return list(snapshots)
-    found: list[Optional[dict]] = []
-    for snapshot in snapshots:
-        snap = None if snapshot is None else unpack(snapshot)
-        state = dict((snap or {}).get("dataset") or {"index": 0, "position": None}, block=block)
-        found.append(dict(snap or {"items": 0, "ended": False}, dataset=state))
-    return found
+    return _with_source_field(snapshots, block=block)
 
 
 def already_delivered(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[int]]) -> list[str]:
