@@ -20,6 +20,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "multiprocess: launches real processes with `accelerate launch` (deselect with -m 'not multiprocess')"
     )
+    # pytest-xdist hands out its units largest first by their number of tests; the order set in
+    # pytest_collection_modifyitems (longest first, by time) is kept instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 # The property grids (a test over many configurations) run a fixed sample in ``make test``, so the suite stays
@@ -56,61 +60,76 @@ def pytest_report_header(config: pytest.Config) -> str:
             f"(sample '{salt}'; make test-full runs every one)")
 
 
-# Seconds the launches of a test file take on the 2-core machine, roughly (measured; a file not named here:
-# DEFAULT_LAUNCH_S). Only used to split the launches into two halves of about equal time, one per pytest worker.
-# A file goes whole to one half (its module fixtures launch once), but for those in SPLIT, whose tests launch
-# one each: there each test is a unit, of its file's time divided among them.
-LAUNCH_S = {"test_multiprocess.py": 380, "test_trainer_mp.py": 200, "test_lifecycle_mp.py": 160, "test_torture.py": 150,
-            "test_elastic_mp.py": 150, "test_demo.py": 140, "test_endings.py": 100, "test_lm_pipeline_mp.py": 100,
-            "test_bitwise.py": 85, "test_check_resume.py": 70, "test_quickstart.py": 75, "test_deepspeed.py": 70,
-            "test_checkpoints_mp.py": 65, "test_grid_mp.py": 60, "test_sharded.py": 45,
-            "test_failures_mp.py": 45}
-DEFAULT_LAUNCH_S = 20
+# Seconds each test file takes on the 2-core machine, roughly (measured with ``--durations=0``; a file not named
+# here: DEFAULT_S). Only used to order the units of work longest first (``pytest_collection_modifyitems``).
+COST_S = {"test_check_resume.py": 119, "test_check_resume_processes.py": 109, "test_demo.py": 94,
+          "test_hf_datasets.py": 84, "test_endings.py": 75, "test_streams.py": 74, "test_lm_pipeline_mp.py": 55,
+          "test_trainer_mp.py": 45, "test_docs.py": 45, "test_stream_blocks.py": 43, "test_checkpoints_mp.py": 42,
+          "test_stream_workers_elastic.py": 36, "test_bitwise.py": 36, "test_conformance.py": 36,
+          "test_elastic_mp.py": 35, "test_skip_streams.py": 31, "test_mixture_loader.py": 30,
+          "test_logical_shards.py": 28, "test_hf_streams_as_written.py": 27, "test_sampler_rng.py": 24,
+          "test_check_resume_points.py": 22, "test_mp_harness.py": 22, "test_conformance_table.py": 20,
+          "test_grid_mp.py": 19, "test_deepspeed.py": 19, "test_torture.py": 16, "test_agree_mp.py": 15,
+          "test_cli_imports.py": 15, "test_pipeline_rng.py": 15, "test_failures_mp.py": 13,
+          "test_replicated_elastic.py": 13, "test_dist.py": 10,
+          # SPLIT files: a test each (a test of theirs not named here: 1 s)
+          "test_multiprocess.py[sources-world3]": 80, "test_multiprocess.py[world3]": 67,
+          "test_multiprocess.py[sources-world2]": 66, "test_multiprocess.py[world2]": 54,
+          "test_multiprocess.py[sources-world1]": 27, "test_multiprocess.py[world1]": 12,
+          "test_lifecycle_mp.py[world2]": 47, "test_lifecycle_mp.py[world3]": 46}
+DEFAULT_S = 5
 # The launch and the file that open most of mosaicml-streaming's StreamingDatasets (its shared memory is claimed
-# by a race between jobs: mp_grid.py): one after the other on one worker.
+# by a race between jobs: mp_grid.py): one unit, one after the other on one worker.
 SHARED_MEMORY = ("test_grid_mp.py", "test_object_store_sources.py")
-# (Not test_check_resume.py: its tests share a module fixture, which each half would run again.)
+# Files whose tests launch one each and share no module fixture: each test is a unit of its own.
 SPLIT = ("test_multiprocess.py", "test_lifecycle_mp.py")
 
 
-def _two_halves(launches: list) -> list[str]:
-    """Each launch test's group, ``launches-0`` or ``launches-1``: the longest unit first, each to the lighter
-    half."""
-    units: dict = {}
-    for item in launches:
-        name = item.path.name
-        units.setdefault(item.nodeid if name in SPLIT else name, []).append(item)
-    per_file = {name: sum(1 for item in launches if item.path.name == name) for name in SPLIT}
-    def cost(unit: str) -> float:
-        name = units[unit][0].path.name
-        return LAUNCH_S.get(name, DEFAULT_LAUNCH_S) / (per_file[name] if name in SPLIT else 1)
-    totals, group = [0.0, 0.0], {}
-    for unit in sorted(units, key=lambda unit: (-cost(unit), unit)):
-        half = totals.index(min(totals))
-        totals[half] += cost(unit)
-        group.update((id(item), f"launches-{half}") for item in units[unit])
-    return [group[id(item)] for item in launches]
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file (its module fixtures run once), but for SPLIT."""
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    if name in SPLIT:
+        return nodeid
+    return "+".join(SHARED_MEMORY) if name in SHARED_MEMORY else name
+
+
+def _cost(unit: str) -> float:
+    if "::" in unit:  # a test of a SPLIT file
+        name, _, test = unit.partition("::")
+        return COST_S.get(name.rsplit("/", 1)[-1] + test[test.find("["):], 1) if "[" in test else 1
+    return sum(COST_S.get(name, DEFAULT_S) for name in unit.split("+"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` (``make test``) hands out the units of :func:`_unit`, in the order of the collection.
+
+    pytest-xdist's own loadgroup reads ``xdist_group`` marks into the tests' ids, which pytest 9.2 no longer lets
+    it change: every test was then a unit of its own, and a file's module fixtures ran again on each worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByUnit(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Grids sampled (above). With pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): the launches
-    of real processes run first, in two halves of about equal time, one after another on each worker (a rank
-    waits on its peers and on files as much as it computes: two launches at once keep both cores busy), and
-    every other test file runs whole on one worker, its module fixtures once. In one
-    process: as collected."""
+    """Grids sampled (above). Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``): the units of
+    work (:func:`_unit`) longest first, which :func:`pytest_xdist_make_scheduler` hands out in that order, each
+    to the worker that runs out of work first. In one process: as collected."""
     _sample_grids(config, items)
-    if not config.pluginmanager.hasplugin("xdist") or not config.getoption("numprocesses", None):
+    if not hasattr(config, "workerinput"):  # an xdist worker collects; its controller and a lone pytest do not
         return
-    launches = [item for item in items if item.get_closest_marker("multiprocess")]
-    others = [item for item in items if not item.get_closest_marker("multiprocess")]
-    halves = _two_halves(launches)
-    for item, group in zip(launches, halves):
-        item.add_marker(pytest.mark.xdist_group(group))
-    alongside = next((group for item, group in zip(launches, halves) if item.path.name == SHARED_MEMORY[0]), None)
-    for item in others:
-        shares = alongside is not None and item.path.name in SHARED_MEMORY
-        item.add_marker(pytest.mark.xdist_group(alongside if shares else item.path.name))
-    items[:] = launches + others
+    units: dict = {}
+    for item in items:
+        units.setdefault(_unit(item.nodeid), []).append(item)
+    items[:] = []
+    for name in sorted(units, key=lambda name: (-_cost(name), name)):
+        # the grid's launch before the other file of its unit (a stable sort keeps the rest as collected)
+        items.extend(sorted(units[name], key=lambda item: item.path.name != SHARED_MEMORY[0]))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
