@@ -50,6 +50,7 @@ class DataLoaderAdapter:
 
     _epoch_set = False  # whether the program called set_epoch() in this process
     _gradient_state: Optional[GradientState] = None  # the live pass's (``_begin``)
+    _weak_self: Optional["weakref.ref[DataLoaderAdapter]"] = None  # its reference to this loader (``_begin``)
 
     mode: ClassVar[str] = "abstract"
 
@@ -429,6 +430,7 @@ class DataLoaderAdapter:
         # The pass keeps the GradientState it registered with (as Accelerate's own loaders keep theirs): making one
         # is a third of what ``_activate`` costs at every batch.
         self._gradient_state = GradientState()
+        self._weak_self = weakref.ref(self)  # kept: GradientState's reference to this loader is then this object
         self._gradient_state._add_dataloader(self)
 
     def _activate(self) -> None:
@@ -438,9 +440,11 @@ class DataLoaderAdapter:
         (``gather_for_metrics``) are then those of the batch being trained on, whatever order passes began in.
         """
         state = self._gradient_state
-        references = state.dataloader_references
-        if references[-1] is not self:
-            state.dataloader_references = [ref for ref in references if ref is not self] + [self]
+        # The weak references behind ``dataloader_references`` (whose getter copies them all at every read): the
+        # last is this loader's own when it is the one ``_begin`` made, which CPython hands out again for it.
+        references = state._dataloader_references_ref
+        if not references or references[-1] is not self._weak_self:
+            state.dataloader_references = [ref for ref in state.dataloader_references if ref is not self] + [self]
 
     def _end(self) -> None:
         """The pass's verdict is taken: Accelerate stops following this loader, and the pass's workers end (unless
@@ -466,7 +470,7 @@ class DataLoaderAdapter:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_base_iter"] = state["_gradient_state"] = state["_live_base"] = None
+        state["_base_iter"] = state["_gradient_state"] = state["_live_base"] = state["_weak_self"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:

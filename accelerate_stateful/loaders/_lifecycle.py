@@ -70,12 +70,13 @@ class Lifecycle:
         position under ``lock``, which a save's read of the position takes too (briefly: one batch's reading)."""
         self.owner = threading.get_ident()
         self.lock = threading.RLock()
+        self.guest: Optional[int] = None  # another thread handing out a batch, while it holds ``lock``
 
     def __getstate__(self) -> dict:
         """A copy of the loader (pickled) has no iterator: its live pass is one let go."""
         state = self.__dict__.copy()
         state["_handle"] = state["_loader"] = None  # the loader's __setstate__ gives the copy its own
-        del state["lock"], state["owner"]
+        del state["lock"], state["owner"], state["guest"]
         if self.live is not None:
             state["live"] = copy.copy(self.live)
             state["live"].dropped = True

@@ -146,15 +146,18 @@ class PassHandle:
 
     def __next__(self) -> Any:
         life = self._loader._life
-        if threading.get_ident() == life.owner:
-            return self._take(life)
-        # A prefetcher thread: its batches count as fetched ahead, and the loader's position moves with the pass's
-        # bookkeeping under the lock a save's read takes (``Lifecycle.lock``), never half of one without the other.
-        with life.lock:
-            self._record.off_thread = True
-            return self._take(life)
-
-    def _take(self, life: Any) -> Any:
+        ident = threading.get_ident()
+        if ident != life.owner and ident != life.guest:
+            # A prefetcher thread: its batches count as fetched ahead, and the loader's position moves with the
+            # pass's bookkeeping under the lock a save's read takes (``Lifecycle.lock``), never half of one without
+            # the other. Inside the lock it is the guest, and takes the batch as the owner does.
+            with life.lock:
+                self._record.off_thread = True
+                life.guest = ident
+                try:
+                    return self.__next__()
+                finally:
+                    life.guest = None
         record = self._record
         if record.closed:
             if life.owed is record:  # the loop still asks while it trains what the pass handed out last

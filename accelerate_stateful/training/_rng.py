@@ -47,7 +47,8 @@ except ImportError:  # pragma: no cover - numpy ships with every supported torch
 MODES = ("auto", "batch", "sample", "off")
 _BATCH_SALT, _SAMPLE_SALT = 0xBA7C, 0x5A3B
 
-# The batch this process is fetching now: (seed, epoch, rank, origin, step), or None outside a fetch.
+# The batch this process is fetching now: (seed, epoch, rank, origin[, step]; sample_rng reads the first two), or
+# None outside a fetch.
 _current: Optional[tuple[int, ...]] = None
 
 
@@ -268,6 +269,15 @@ class PipelineRNG:
         global _current
         seeded = self.mode == "batch" or (self.mode == "auto" and read_ahead)
         scoped = seeded or self.mode == "sample"
+        while not scoped:  # nothing drawn for the fetch: it needs only the pass's seed and epoch (sample_rng)
+            _current = where
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                _current = None
+            yield batch
         while True:
             key = (*where, step)
             saved = global_states() if scoped else None  # preserved_globals(), without a context per batch

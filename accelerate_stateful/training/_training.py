@@ -87,26 +87,35 @@ def handed_out(record: Marked, went_on: bool = True) -> None:
     ``went_on``: the batch took the program past its saved point (:func:`went_on`; not a re-run peek's).
     """
     global _serial, _events
-    with _lock:  # a prefetcher thread hands out batches while the training thread trains
+    # A prefetcher thread hands out batches while the training thread trains. (acquire and release: a ``with``
+    # statement costs twice as much, on every batch.)
+    _lock.acquire()
+    try:
         _serial += 1
-        if went_on:
-            _events += 1
-        record.last_hand, record.foreign = _serial, False
-        if len(_current) == 1 and _current[0] is record:  # a plain loop: nothing else to look at, per batch
-            return
-        stale = False
-        for other in _current:
-            if other.last_hand < record.serial:
-                other.foreign = True
-                # A pass the loop let go before this later pass began (a warm-up ``next(iter(a))``, then
-                # ``chain(islice(b, k), a)`` trains ``b``) is not trained by it. Let go is a flag its iterator's
-                # finalizer sets; an iterator a reference cycle keeps on one rank only stays current there, and the
-                # save's comparison refuses on every rank.
-                stale = stale or other.dropped
-        if stale:
-            _current[:] = [p for p in _current if not (p.dropped and p.last_hand < record.serial)]
-        _current[:] = [p for p in _current if p.serial < record.serial]
-        _current.append(record)
+        _events += went_on
+        record.last_hand = _serial
+        record.foreign = False
+        if len(_current) != 1 or _current[0] is not record:  # a plain loop has nothing else to look at
+            _others_handed_out(record)
+    finally:
+        _lock.release()
+
+
+def _others_handed_out(record: Marked) -> None:
+    """:func:`handed_out` where other passes are current, or ``record`` is not yet (under ``_lock``)."""
+    stale = False
+    for other in _current:
+        if other.last_hand < record.serial:
+            other.foreign = True
+            # A pass the loop let go before this later pass began (a warm-up ``next(iter(a))``, then
+            # ``chain(islice(b, k), a)`` trains ``b``) is not trained by it. Let go is a flag its iterator's
+            # finalizer sets; an iterator a reference cycle keeps on one rank only stays current there, and the
+            # save's comparison refuses on every rank.
+            stale = stale or other.dropped
+    if stale:
+        _current[:] = [p for p in _current if not (p.dropped and p.last_hand < record.serial)]
+    _current[:] = [p for p in _current if p.serial < record.serial]
+    _current.append(record)
 
 
 def ended(record: Marked) -> None:
