@@ -119,3 +119,26 @@ def test_on_another_num_workers_the_interrupted_epoch_draws_what_it_drew(kind, s
     set_rng_states(saved[1])
     rest, _ = train(loader, taken=2)
     assert [step[0] for step in first + rest][:per_epoch] == [step[0] for step in reference][:per_epoch]
+
+
+def test_rng_states_taken_after_a_batch_are_those_of_that_moment_when_a_checkpoint_reads_them_later():
+    # A worker takes the states after every batch and puts them in checkpoint types only when they are read
+    # (pickled for the main process, or settled in it): later draws must not change what was taken.
+    import pickle
+
+    from accelerate_stateful.loaders import _stream_rng
+
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    augment(0)
+    taken, expected = _stream_rng.Taken(), _stream_rng.record()
+    for i in range(50):
+        augment(i)
+    for read in (taken.settled(), pickle.loads(pickle.dumps(taken))):
+        assert read["random"] == expected["random"]
+        assert torch.equal(read["torch"], expected["torch"])
+        assert read["numpy"][0] == expected["numpy"][0] and read["numpy"][2:] == expected["numpy"][2:]
+        assert torch.equal(read["numpy"][1], expected["numpy"][1])
+    _stream_rng.apply(taken.settled())
+    after_apply = augment(7)
+    _stream_rng.apply(expected)
+    assert after_apply == augment(7)

@@ -156,6 +156,8 @@ class StreamDataset(IterableDataset):
         key = (generation, logical, batches)
         if self._channels is None:
             found = self._ring.get(key)
+            if found is not None:
+                found = {**found, "rng": found["rng"].settled()}
         else:
             # Bytes from this loader's own worker process, as every batch of the base loader is.
             found = pickle.loads(self._channels.ask(physical, key))
@@ -254,7 +256,7 @@ class StreamDataset(IterableDataset):
     def _snapshot(self, read: list, ended: bool, position: Optional[DatasetPosition]) -> dict:
         """The position after this batch, without the pass's first items (``_first_batch``): its size does not
         grow with the number of ranks. The parts it holds are never changed afterwards."""
-        snapshot: dict = {"items": read[0], "ended": ended, "rng": _stream_rng.record()}
+        snapshot: dict = {"items": read[0], "ended": ended, "rng": _stream_rng.Taken()}
         if position is not None:
             snapshot.update(position.record())
         return snapshot

@@ -65,7 +65,28 @@ def own_rng(items: Iterator[Any], seed: int) -> Iterator[Any]:
 
 def record() -> dict:
     """The global RNG states now, in types a checkpoint holds (tensors, lists, numbers)."""
-    torch_state, random_state, numpy_state = global_states()
+    return _checkpoint_types(global_states())
+
+
+class Taken:
+    """The global RNG states as they are now, put in a checkpoint's types (:func:`record`'s) only when they are
+    read: pickled (a worker's snapshot, sent to the main process when a checkpoint asks for it) or
+    :meth:`settled`. A stream takes them after every batch; most are never read."""
+
+    __slots__ = ("states",)
+
+    def __init__(self) -> None:
+        self.states = global_states()
+
+    def settled(self) -> dict:
+        return _checkpoint_types(self.states)
+
+    def __reduce__(self) -> tuple:
+        return _checkpoint_types, (self.states,)
+
+
+def _checkpoint_types(states: tuple) -> dict:
+    torch_state, random_state, numpy_state = states
     found = {"torch": torch_state, "random": [random_state[0], list(random_state[1]), random_state[2]]}
     if numpy_state is not None:
         name, keys, pos, has_gauss, gauss = numpy_state
