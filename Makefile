@@ -59,8 +59,8 @@ test: install
 
 # Every configuration of every property grid (make test runs a fixed sample of the large ones: tests/conftest.py),
 # a resume from every save point of every real-process scenario (make test: one point in three per scenario,
-# every kind of point in each launch: tests/mp_scenarios.py), and every launch's processes started from a fresh interpreter (make test forks most from a pre-imported one:
-# tests/mp_zygote.py says what that changes).
+# every kind of point in each launch: tests/mp_scenarios.py), and every launch's processes started from a fresh
+# interpreter (make test forks most from a pre-imported one: tests/mp_zygote.py says what that changes).
 test-full: install
 	TMPDIR=$(TEST_TMPDIR) ACCELERATE_STATEFUL_GRID=full ACCELERATE_STATEFUL_LAUNCH=exec $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 

@@ -31,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # ACCELERATE_STATEFUL_GRID=<word> draws another sample. Real-process launches always run whole.
 GRID_ENV = "ACCELERATE_STATEFUL_GRID"
 GRID_WHOLE = 8  # a grid of up to this many configurations runs whole
-GRID_SHARE = 3  # of a larger one, one configuration in this many (at least GRID_WHOLE)
+GRID_SHARE = 4  # of a larger one, one configuration in this many (at least GRID_WHOLE)
 
 
 def _sample_grids(config: pytest.Config, items: list) -> None:
