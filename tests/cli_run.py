@@ -38,8 +38,8 @@ def subprocess_env() -> dict:
     return env
 
 
-def run_subprocess(command: Sequence[str], timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in command], cwd=REPO, env=subprocess_env(), capture_output=True,
+def run_subprocess(command: Sequence[str], timeout: int = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in command], cwd=cwd, env=subprocess_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 

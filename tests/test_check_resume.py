@@ -193,3 +193,19 @@ def test_the_lm_pipeline_example_resumed_on_other_workers_is_identical(tmp_path)
     assert done.returncode == 0, out
     assert re.search(r"run 2 with 2 DataLoader worker\(s\): resumed from checkpoint_\d+ \(saved after step 6\)", out)
     assert "identical: every batch, loss and weight of the 18 steps on 1 rank(s), 2 kill(s)" in out
+
+
+def test_a_relative_script_path_the_runs_would_not_find_is_refused_before_any_run_with_its_absolute_path(tmp_path):
+    # Each run starts in a fresh folder of its own: "python train.py" there failed with only "can't open file"
+    # in the run's log. It is refused at once, in the user's terms; with --workdir . it is found and allowed on.
+    (tmp_path / "train.py").write_text("raise SystemExit(3)\n")
+    refused = run_subprocess([sys.executable, "-m", "accelerate_stateful", "check-resume", "--runs", tmp_path / "runs",
+                              "--", sys.executable, "train.py"], timeout=120, cwd=tmp_path)
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 2, out
+    assert "train.py is a relative path" in out and str(tmp_path / "train.py") in out and "--workdir ." in out
+    assert not (tmp_path / "runs" / "uninterrupted").exists()
+    copied = run_subprocess([sys.executable, "-m", "accelerate_stateful", "check-resume", "--runs", tmp_path / "runs2",
+                             "--workdir", ".", "--", sys.executable, "train.py"], timeout=120, cwd=tmp_path)
+    assert "is a relative path" not in copied.stdout + copied.stderr
+    assert "the uninterrupted run" in copied.stdout + copied.stderr  # it ran, and its exit status 3 is reported
