@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # under 15 minutes on 2 cores; ``make test-full`` (ACCELERATE_STATEFUL_GRID=full) runs every configuration, and
 # ACCELERATE_STATEFUL_GRID=<word> draws another sample. Real-process launches always run whole.
 GRID_ENV = "ACCELERATE_STATEFUL_GRID"
-GRID_WHOLE = 8  # a grid of up to this many configurations runs whole
+GRID_WHOLE = 6  # a grid of up to this many configurations runs whole
 GRID_SHARE = 4  # of a larger one, one configuration in this many (at least GRID_WHOLE)
 
 
@@ -100,6 +100,7 @@ def _cost(unit: str) -> float:
     return sum(COST_S.get(name, DEFAULT_S) for name in unit.split("+"))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the nox sessions run without
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadgroup`` (``make test``) hands out the units of :func:`_unit`, in the order of the collection.
 
