@@ -269,17 +269,9 @@ class PipelineRNG:
         global _current
         seeded = self.mode == "batch" or (self.mode == "auto" and read_ahead)
         scoped = seeded or self.mode == "sample"
-        while not scoped:  # nothing drawn for the fetch: it needs only the pass's seed and epoch (sample_rng)
-            _current = where
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            finally:
-                _current = None
-            yield batch
         while True:
-            key = (*where, step)
+            # With nothing drawn for the fetch, only sample_rng reads the key: the pass's seed and epoch
+            key = (*where, step) if scoped else where
             saved = global_states() if scoped else None  # preserved_globals(), without a context per batch
             _current = key
             if seeded:
