@@ -214,9 +214,30 @@ def start(commands: Union[Sequence[str], Sequence[Sequence[str]]], folder: Path,
           collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, **env: str) -> Job:
     """Start a job without waiting (for a test that acts on it while it runs); end it with :func:`finish`."""
     commands = [commands] if isinstance(commands[0], str) else commands
+    commands = _own_port(commands)
     folder.mkdir(parents=True, exist_ok=True)
     environment = launch_env(**{DIR_ENV: str(folder), COLLECTIVE_ENV: str(collective_timeout_s)}, **env)
     return Job(commands, folder, environment)
+
+
+_ports_used: set = set()  # every --main_process_port a job of this process was started with
+
+
+def _own_port(commands: Sequence[Sequence[str]]) -> list[list[str]]:
+    """``commands`` with a port no earlier job had: a command run again (after a kill) gets a fresh one, since
+    the killed job's rendezvous port may still be held (a relaunch failed with EADDRINUSE). The launchers of one
+    job of several machines keep sharing theirs."""
+    fresh: dict = {}
+    own = []
+    for command in commands:
+        command = list(command)
+        for i, word in enumerate(command[:-1]):
+            if word == "--main_process_port":
+                if command[i + 1] in _ports_used:
+                    command[i + 1] = fresh.setdefault(command[i + 1], str(free_port()))
+        own.append(command)
+    _ports_used.update(c[i + 1] for c in own for i, w in enumerate(c[:-1]) if w == "--main_process_port")
+    return own
 
 
 def finish(job: Job, timeout_s: float, stall_s: Optional[float] = None, watch: Sequence[Path] = (),
