@@ -168,9 +168,9 @@ class Run:
             self._query()
             for epoch in self._epochs():
                 self._epoch_body(epoch)
+            weights = [float(v) for param in self.model.parameters() for v in param.detach().flatten()]
             # NaN is recorded as a word: NaN != NaN would call two identical runs different
-            self.trace.append(("weights", [round(v, 12) if v == v else "nan" for v in map(float, (
-                v for v in self.model.parameters() for v in v.detach().flatten()))]))
+            self.trace.append(("weights", [round(v, 12) if v == v else "nan" for v in weights]))
         finally:
             gc.enable()
         return self

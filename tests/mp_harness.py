@@ -224,19 +224,20 @@ _ports_used: set = set()  # every --main_process_port a job of this process was 
 
 
 def _own_port(commands: Sequence[Sequence[str]]) -> list[list[str]]:
-    """``commands`` with a port no earlier job had: a command run again (after a kill) gets a fresh one, since
-    the killed job's rendezvous port may still be held (a relaunch failed with EADDRINUSE). The launchers of one
-    job of several machines keep sharing theirs."""
+    """``commands`` with a rendezvous port of this job's own, decided before it starts: a command given again
+    for a later job (the same script after a kill) is given a new port, since the earlier job's may still be
+    held. The launchers of one job of several machines keep sharing theirs."""
     fresh: dict = {}
-    own = []
+    own, ports = [], set()
     for command in commands:
         command = list(command)
         for i, word in enumerate(command[:-1]):
             if word == "--main_process_port":
                 if command[i + 1] in _ports_used:
                     command[i + 1] = fresh.setdefault(command[i + 1], str(free_port()))
+                ports.add(command[i + 1])
         own.append(command)
-    _ports_used.update(c[i + 1] for c in own for i, w in enumerate(c[:-1]) if w == "--main_process_port")
+    _ports_used.update(ports)
     return own
 
 

@@ -110,11 +110,11 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--kills and --chain take a count of at least 1")
     if args.workdir is not None and not args.workdir.is_dir():
         return _usage(f"--workdir {args.workdir}: no such folder")
-    for word in command:
-        if word.endswith(".py") and not Path(word).is_absolute() and Path(word).is_file() \
-                and not (args.workdir is not None and (args.workdir / word).is_file()):
-            return _usage(f"{word} is a relative path, and each run of the command starts in a fresh folder of its "
-                          f"own, where it is not: give it as {Path(word).resolve()}, or --workdir . to copy this "
+    for script in (Path(word) for word in command if word.endswith(".py")):
+        if not script.is_absolute() and script.is_file() \
+                and not (args.workdir is not None and (args.workdir / script).is_file()):
+            return _usage(f"{script} is a relative path, and each run of the command starts in a fresh folder of its "
+                          f"own, where it is not: give it as {script.resolve()}, or --workdir . to copy this "
                           "folder into every run")
     runs_dir = args.runs if args.runs is not None else Path(tempfile.mkdtemp(prefix="check-resume-"))
     say(f"runs, records and logs in {runs_dir}")

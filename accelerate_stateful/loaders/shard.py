@@ -275,13 +275,11 @@ class ShardDataLoader(DataLoaderAdapter):
     def _batches(self) -> Iterator[Any]:
         plan = self._plan  # the pass's: the position moves to another plan only after its last batch
         total = plan.num_batches
-        # ``plan.samples_consumed(step)`` (``_commit(step)``), without a call per batch: step never passes total
-        origin, stride, samples = plan.origin, plan.total_batch_size, plan.num_samples
         place = None if self.device is None else self._place
         step, batches = self._start_pass(read_ahead=False)
         for batch in batches:
             step += 1
-            self._consumed = min(origin + step * stride, samples)
+            self._consumed = plan.samples_consumed(step)  # ``_commit(step)``, a call less per batch
             self.end_of_dataloader = step == total
             yield batch if place is None else place(batch)
 
