@@ -11,6 +11,7 @@ what each rank of an elastic resume on M processes yields.
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 import torch
@@ -184,10 +185,49 @@ def test_samples_refuse_a_loader_rank_or_step_the_checkpoint_lacks(tmp_path, arg
     assert status == 2 and out == "" and message in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("n, seed", [(0, 3), (1, 3), (2, 0), (23, 11), (1000, 2**40 + 7), (5000, 2**63 - 5)])
+@pytest.mark.parametrize("n, seed", [(0, 3), (1, 3), (2, 0), (23, 11), (1000, 2**40 + 7), (5000, 2**63 - 5),
+                                     (20_001, 9), (_indices.PYTHON_SHUFFLE + 3, 2**32 + 1)])
 def test_the_order_drawn_without_torch_is_torchs_randperm(n, seed):
     expected = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     assert _indices.randperm(n, seed) == expected
+
+
+def test_the_shuffle_resolved_with_numpy_is_torchs_randperm_at_every_size():
+    """The whole-array shuffle (above ``PYTHON_SHUFFLE`` samples) against torch at sizes and seeds drawn at
+    random, small ones included, where a swap with itself or a chain of swaps through one position is common."""
+    draw = random.Random(26)
+    for _ in range(60):
+        n, seed = draw.choice([draw.randint(2, 40), draw.randint(41, 3000)]), draw.getrandbits(64)
+        expected = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+        assert _indices._randperm_numpy(n, seed) == expected, (n, seed)
+
+
+def test_samples_of_an_epoch_shuffled_with_numpy_equal_what_the_loaders_yield(tmp_path, monkeypatch):
+    """An epoch above ``PYTHON_SHUFFLE`` samples (lowered here: the command runs in this process): ``--step`` and
+    ``--remaining`` from the checkpoint alone are what the loaders yielded and what a loader resumed from the
+    files yields."""
+    monkeypatch.setattr(_indices, "PYTHON_SHUFFLE", 5_000)
+    size, world, taken = 9_321, 2, 37
+
+    def make(rank):
+        data = DataLoader(range(size), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(4))
+        return ShardDataLoader.from_dataloader(data, DistContext(rank, world))
+
+    full = [[b.tolist() for b in make(rank)] for rank in range(world)]
+    loaders = [make(rank) for rank in range(world)]
+    iterators = [iter(loader) for loader in loaders]
+    for it in iterators:
+        for _ in range(taken):
+            next(it)
+    ckpt = save_checkpoint(tmp_path / "c", [[loader.state_dict() for loader in loaders]])
+    remaining = cli_json("samples", ckpt, "--remaining")
+    for rank in range(world):
+        assert _indices.answerable([_files.read_loader_state(ckpt, 0, r) for r in range(world)], rank, world)
+        rest = [b["indices"] for b in remaining["ranks"][rank]["batches"]]
+        assert rest == full[rank][taken:] == _rest_read_on_resume(make(rank), _files.read_loader_state(ckpt, 0, rank))
+        for step in (0, taken, len(full[rank]) - 1):
+            one = cli_json("samples", ckpt, "--rank", rank, "--step", step)["ranks"][0]["batches"]
+            assert one == [{"step": step, "indices": full[rank][step]}]
 
 
 def test_samples_of_a_seedable_order_with_samples_left_out_equal_what_the_loaders_yield(tmp_path):

@@ -11,7 +11,7 @@ The saved fingerprint of the order is checked as a resume checks it, so an order
 never printed. ``tests/test_cli_samples.py`` holds every answer against the loaders resumed from the states.
 
 Everything else (a dispatcher, a ``DistributedSampler``'s order, an elastic resume, a very long epoch, where
-importing torch costs less than the pure-Python shuffle) goes to the loaders themselves (``_loaders``).
+importing torch costs less than drawing the order here) goes to the loaders themselves (``_loaders``).
 """
 
 from __future__ import annotations
@@ -30,13 +30,20 @@ from ..position._seeds import mix_seed
 from ..position._skips import of_epoch
 from ._position import _shard
 
-# Above this many samples, importing torch and drawing its randperm is faster than the shuffle in Python
-# (about 1 µs a sample on the development machine).
-MAX_SAMPLES = 1_000_000
+# Above this many samples, importing torch and drawing its randperm is faster than the shuffle with numpy.
+MAX_SAMPLES = 4_000_000
+# Above this many, importing numpy and shuffling with it is faster than the loop in Python (about 0.7 µs a
+# sample): the two are even at about 200,000 (benchmarks/bench_samples.py).
+PYTHON_SHUFFLE = 250_000
 
 
 def randperm(n: int, seed: int) -> list[int]:
     """``torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()``, without torch."""
+    if n > PYTHON_SHUFFLE:
+        try:
+            return _randperm_numpy(n, seed)
+        except ImportError:  # numpy ships with torch's wheels, yet torch does not require it
+            pass
     engine = random.Random()
     engine.setstate((3, (*_mt19937_state(seed & 0xFFFFFFFF), 624), None))
     bits, order = engine.getrandbits, list(range(n))
@@ -44,6 +51,47 @@ def randperm(n: int, seed: int) -> list[int]:
         z = i + bits(32) % (n - i)
         order[i], order[z] = order[z], order[i]
     return order
+
+
+def _randperm_numpy(n: int, seed: int) -> list[int]:
+    """:func:`randperm` without its loop: the same swaps, resolved as a whole with numpy.
+
+    Step ``i`` of the shuffle swaps positions ``i`` and ``z[i] >= i``; position ``i`` is final after it. Let
+    ``w[p]`` be the value position ``p`` holds just before step ``p``. Only steps ``k < p`` with ``z[k] == p``
+    wrote position ``p`` before then, each putting there ``w[k]``, so ``w[p] = w[k]`` for the last of them,
+    and ``p`` where there is none: a forest whose roots are the values, resolved by pointer doubling. Step
+    ``i`` then takes the value of position ``z[i]``: ``w[i]`` for a swap with itself, else what the last
+    earlier step with the same ``z`` left there (``w`` of that step), else the untouched ``z[i]``. The last
+    position, which no step moves, is a swap with itself.
+    """
+    import numpy as np
+
+    if n < 2:
+        return list(range(n))
+    engine = np.random.MT19937()
+    engine.state = {"bit_generator": "MT19937",
+                    "state": {"key": np.array(_mt19937_state(seed & 0xFFFFFFFF), dtype=np.uint32), "pos": 624}}
+    steps = np.arange(n, dtype=np.int64)
+    z = steps.copy()  # n is below 2**32 (MAX_SAMPLES), as each draw is: 32-bit division is the cheaper
+    z[:-1] += engine.random_raw(n - 1).astype(np.uint32) % np.arange(n, 1, -1, dtype=np.uint32)
+    # The steps grouped by the position they swap with, each group in step order: one sort of one key.
+    key = np.sort((z << 32) | steps)
+    by_z, grouped = key >> 32, key & 0xFFFFFFFF
+    same = by_z[1:] == by_z[:-1]
+    before = np.full(n, -1, dtype=np.int64)  # the previous step swapping with the same position
+    before[grouped[1:][same]] = grouped[:-1][same]
+    ends = np.append(~same, True)
+    last = np.full(n, -1, dtype=np.int64)  # the last step swapping with each position
+    last[by_z[ends]] = grouped[ends]
+    writer = np.where(last == steps, before, last)  # the last step before p that wrote position p
+    root = np.where(writer >= 0, writer, steps)
+    while True:
+        up = root[root]
+        if np.array_equal(up, root):
+            break
+        root = up
+    taken = np.where(before >= 0, root[np.maximum(before, 0)], z)
+    return np.where(z == steps, root, taken).tolist()
 
 
 def _mt19937_state(seed: int) -> list[int]:
