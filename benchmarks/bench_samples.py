@@ -37,7 +37,8 @@ VARIANTS = {
     "Python loop": "import accelerate_stateful.cli._indices as i; i.PYTHON_SHUFFLE = 1 << 62",
     "torch": "import accelerate_stateful.cli._indices as i; i.MAX_SAMPLES = -1",
 }
-ASKED = {"--step 250": ["--step", "250"], "--remaining": ["--remaining"]}
+ASKED = {"--step 250": ["--step", "250"], "--remaining": ["--remaining"],
+         "--remaining --world-size 3": ["--remaining", "--world-size", "3"]}
 
 
 def checkpoint(folder: Path, size: int, steps: int = 500, world: int = 2, batch_size: int = 32) -> Path:

@@ -89,11 +89,13 @@ def test_reading_a_checkpoint_imports_neither_torch_nor_accelerate(project, tmp_
     pytest.param(("--remaining",), id="remaining"),
     pytest.param(("--consumed", "--rank", "1"), id="consumed"),
     pytest.param(("--step", "3", "--json"), id="step"),
+    pytest.param(("--remaining", "--world-size", "3"), id="elastic"),
     pytest.param(("--loader", "2", "--step", "0"), id="a-stream-is-refused"),
 ])
 def test_samples_of_a_shuffled_shard_loader_or_a_stream_import_neither_torch_nor_accelerate(project, args):
     """Issue 26: ``samples`` took 5.6-8.2 s, nearly all of it importing torch, though a shard loader's batches
-    follow from its state (the order is drawn again without torch: ``cli/_indices``)."""
+    follow from its state (the order is drawn again without torch: ``cli/_indices``), on the saved number of
+    processes or another."""
     status, imported, out = _imported("samples", project / "checkpoints" / "checkpoint_2", *args)
     stream = args[:2] == ("--loader", "2")
     assert status == (4 if stream else 0) and (stream or out.startswith(("# loader 0", "{")))

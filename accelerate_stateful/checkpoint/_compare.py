@@ -6,19 +6,20 @@
   (``_in_step.settle``), which refuses on every rank, naming what differs and the fix.
 - **The point** (:func:`shared_point`): the epoch, the samples every process took, where the epoch was
   re-cut, and the pass in progress (where it began, whether it was trained). The elastic merge
-  (``DataLoaderAdapter.merge_rank_states``) compares the saved states with :func:`first_difference` and names
-  what differs. The save does not: a rank's share of a stream may end a batch before another's (uneven
+  (:func:`merged_state`, which ``DataLoaderAdapter.merge_rank_states`` and the command line's ``samples
+  --world-size`` use) compares the saved states with :func:`first_difference` and names what differs. The save does not: a rank's share of a stream may end a batch before another's (uneven
   shares), and such a checkpoint resumes exactly on the same number of processes.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+from . import _refusals
 from . import _state as S
+from ..errors import CheckpointError
 from ..loaders._passes import PASS
-from ..sources._global import data_settings
 from ..sources._mixture_state import mixture_positions
 
 _SHARED = (S.EPOCH, S.SAMPLES_CONSUMED, S.STRIPE_ORIGIN, PASS)
@@ -45,10 +46,36 @@ def first_difference(points: Sequence[tuple]) -> Optional[tuple[int, str]]:
     return None
 
 
+def merged_state(states: Sequence[Any], merge_marks: Optional[Callable[[list], Mapping[str, Any]]] = None
+                 ) -> Mapping[str, Any]:
+    """The one state to resume from on another topology, from every saved rank's state: the main process's,
+    once every rank is known to agree on the epoch, the position and the pass that was live; a live pass's
+    starting point is merged the same way (by ``merge_marks``, the loader's own merge where it has one)."""
+    differs = first_difference([shared_point(state) for state in states])
+    if differs is not None:
+        rank, what = differs
+        raise CheckpointError(
+            f"cannot resume on another number of processes: the processes were at different points of the "
+            f"data when it was saved ({what} differs: rank 0 at {_refusals.where(states[0])}; rank {rank} at "
+            f"{_refusals.where(states[rank])}), so no single position can be re-dealt to the new processes; "
+            "resume it on the same number of processes, or from a checkpoint saved while the processes were in "
+            "step"
+        )
+    entry = states[0].get(PASS) if isinstance(states[0], Mapping) else None
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("origin"), Mapping) or \
+            entry["origin"].get("mark") is None:
+        return states[0]
+    mark = (merge_marks or merged_state)([state[PASS]["origin"]["mark"] for state in states])
+    origin = dict(entry["origin"], mark=mark)
+    return dict(states[0], **{PASS: dict(entry, origin=origin)})
+
+
 def data_digest(loader: Any) -> list[tuple[str, Any, str]]:
     """``(what, value, fix)`` for everything that defines ``loader``'s data (see the module docstring)."""
     # Not the loader's own settings (batch size, dataset length): a rank may read its own split of the data
     # (``split_dataset_by_node``), and a rank whose settings differ from the checkpoint's is refused by the load.
+    from ..sources._global import data_settings  # imports torch, which the command line's merge never needs
+
     rows = [
         ("the shuffle seed", loader.seed, "seed the DataLoader's generator (or data_seed) the same on every process"),
     ]

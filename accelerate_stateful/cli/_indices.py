@@ -10,8 +10,11 @@ bits of its seed, as Python's own ``random`` engine is once given the same state
 The saved fingerprint of the order is checked as a resume checks it, so an order drawn otherwise is refused,
 never printed. ``tests/test_cli_samples.py`` holds every answer against the loaders resumed from the states.
 
-Everything else (a dispatcher, a ``DistributedSampler``'s order, an elastic resume, a very long epoch, where
-importing torch costs less than drawing the order here) goes to the loaders themselves (``_loaders``).
+On another number of processes (``--world-size``) the ranks' states are merged as a resume merges them
+(``_compare.merged_state``, refused alike where the ranks were not in step), and the rest of the epoch is
+striped over the new ranks as the shard loader's restore stripes it. Everything else (a dispatcher, a
+``DistributedSampler``'s order, a very long epoch, where importing torch costs less than drawing the order
+here) goes to the loaders themselves (``_loaders``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import struct
 from typing import Any, Mapping, Optional
 
 from ..checkpoint import _refusals
+from ..checkpoint._compare import merged_state
 from ..checkpoint import _state as S
 from ..loaders._passes import PASS
 from ..position._plan import ShardPlan
@@ -110,24 +114,36 @@ _ORDERS = {
 
 
 def answerable(states: list, rank: int, world: int) -> bool:
-    """Whether :func:`rank_position` and :func:`rank_batches` answer for ``rank`` of ``world`` (else the loaders do)."""
-    state = states[rank] if len(states) == world else None
-    if state is None or state.get(S.MODE) != S.SHARD_MODE or S.ORDER_WORLD in state:
-        return False
-    config = state.get(S.CONFIG)
-    return (isinstance(config, Mapping) and config.get("order") in _ORDERS
-            and isinstance(config.get("num_samples"), int) and 0 <= config["num_samples"] <= MAX_SAMPLES)
+    """Whether :func:`rank_position` and :func:`rank_batches` answer for ``rank`` of ``world`` (else the loaders do):
+    on the saved world size from the rank's own state, on another from every rank's (merged)."""
+    for state in [states[rank]] if len(states) == world else states:
+        if not isinstance(state, Mapping) or state.get(S.MODE) != S.SHARD_MODE or S.ORDER_WORLD in state:
+            return False
+        config = state.get(S.CONFIG)
+        if not (isinstance(config, Mapping) and config.get("order") in _ORDERS
+                and isinstance(config.get("num_samples"), int) and 0 <= config["num_samples"] <= MAX_SAMPLES):
+            return False
+    return True
 
 
-def rank_position(states: list, rank: int) -> tuple[ShardPlan, int, int]:
-    """The plan of ``rank`` resumed on the saved world size, the batches it took and the epoch it stands in;
-    raises as ``load_state_dict`` does for a state a resume refuses."""
-    state, world = states[rank], len(states)
+def resumed_state(states: list, rank: int, world: int) -> Mapping[str, Any]:
+    """The state ``rank`` of ``world`` resumes from, as ``load_state`` gives it: its own on the saved world size,
+    else every saved rank's merged (refused as that resume refuses it where the ranks were not in step)."""
+    return states[rank] if len(states) == world else merged_state(states)
+
+
+def rank_position(state: Mapping[str, Any], rank: int, world: int) -> tuple[ShardPlan, int, int]:
+    """The plan of ``rank`` of ``world`` resumed from ``state`` (:func:`resumed_state`), the batches it took and
+    the epoch it stands in; raises as ``load_state_dict`` does for a state a resume refuses."""
     plan, finished = _shard(state, world, rank)
     if finished:  # the finished epoch, from its start, every batch taken (``_stand_at_finished_epoch``)
         epoch = _finished_epoch(state)
         plan = shard_plan(striped_settings(state[S.CONFIG], {**state, S.EPOCH: epoch}), world, rank, 0)
         return plan, plan.num_batches, epoch
+    if state[S.TOPOLOGY]["world_size"] != world:
+        # Another number of processes: the rest of the epoch, from the first sample nobody took, striped over the
+        # new ranks (``ShardDataLoader._restore``).
+        plan = shard_plan(striped_settings(state[S.CONFIG], state), world, rank, state[S.SAMPLES_CONSUMED])
     return plan, plan.steps_for(state[S.SAMPLES_CONSUMED]), state[S.EPOCH]
 
 

@@ -221,8 +221,9 @@ def _answerer(states: list, rank: int, world: int) -> tuple[int, int, int, Calla
     from the checkpoint: a shard loader's from its state (``_indices``, without torch), any other's from the
     loader rebuilt and resumed (``_loaders``, which imports torch)."""
     if _indices.answerable(states, rank, world):
-        plan, taken, epoch = _indices.rank_position(states, rank)
-        return taken, plan.num_batches, epoch, functools.partial(_indices.rank_batches, states[rank], plan, epoch)
+        state = _indices.resumed_state(states, rank, world)
+        plan, taken, epoch = _indices.rank_position(state, rank, world)
+        return taken, plan.num_batches, epoch, functools.partial(_indices.rank_batches, state, plan, epoch)
     from ._loaders import rank_batches, restored_loader
 
     loader = restored_loader(states, rank, world)

@@ -18,7 +18,7 @@ from ._lifecycle import Lifecycle
 from ._passes import PASS, PassHandle, Phase, check_entry
 from ._forking import warn_if_unsafe
 from ._workers import shut_down, track
-from ..errors import CheckpointError, LifecycleError, Mismatch, UnsupportedConfigError
+from ..errors import LifecycleError, Mismatch, UnsupportedConfigError
 
 
 class DataLoaderAdapter:
@@ -282,25 +282,9 @@ class DataLoaderAdapter:
         """The one state to resume from on another topology, from every saved rank's state.
 
         By default the main process's, once every rank is known to agree on the epoch, the position and
-        the pass that was live; a live pass's starting point is merged the same way.
+        the pass that was live; a live pass's starting point is merged the same way (``_compare.merged_state``).
         """
-        differs = _compare.first_difference([_compare.shared_point(state) for state in states])
-        if differs is not None:
-            rank, what = differs
-            raise CheckpointError(
-                f"cannot resume on another number of processes: the processes were at different points of the "
-                f"data when it was saved ({what} differs: rank 0 at {_refusals.where(states[0])}; rank {rank} at "
-                f"{_refusals.where(states[rank])}), so no single position can be re-dealt to the new processes; "
-                "resume it on the same number of processes, or from a checkpoint saved while the processes were in "
-                "step"
-            )
-        entry = states[0].get(PASS) if isinstance(states[0], Mapping) else None
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("origin"), Mapping) or \
-                entry["origin"].get("mark") is None:
-            return states[0]
-        mark = self.merge_rank_states([state[PASS]["origin"]["mark"] for state in states])
-        origin = dict(entry["origin"], mark=mark)
-        return dict(states[0], **{PASS: dict(entry, origin=origin)})
+        return _compare.merged_state(states, self.merge_rank_states)
 
     def skip_samples(self, start: int, stop: int, epoch: Optional[int] = None) -> None:
         """Leave out positions ``start`` to ``stop - 1`` of an epoch's order: map-style loaders (``ShardDataLoader``,
