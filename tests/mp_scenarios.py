@@ -555,9 +555,10 @@ def save_points(per_epoch: list[int]) -> list[SavePoint]:
 
 
 # Which save points a scenario resumes from. The saving run saves at every point (and must still equal the
-# uninterrupted run); ``make test`` then resumes one point in RESUME_SHARE, rotating through the points from
-# one scenario to the next of a launch (among those with workers, and among those without) so that each kind of
-# point is resumed with and without workers in every launch (``test_multiprocess`` checks it), plus each point
+# uninterrupted run); ``make test`` then resumes each kind of point from one scenario of each group of a launch
+# (those with workers, those without): kind i from the scenario at place (i + rotation) % len(group), so each
+# group resumes from every kind of point between its scenarios (``test_multiprocess`` checks it), and a group of
+# three or fewer from one kind in RESUME_SHARE per scenario at least. Every scenario also resumes from each point
 # a chain of resumes starts from.
 # A resume is a run to the end: with workers each of its epochs forks them, which is most of a launch's time.
 # RESUME_SAMPLE=full (``make test-full``, the soak, a launch by hand) resumes every point; another word draws
@@ -566,15 +567,16 @@ RESUME_SHARE = 3
 RESUME_SAMPLE = os.environ.get("RESUME_SAMPLE", "full")
 
 
-def resumed_points(per_epoch: list[int], place: int, sample: str = RESUME_SAMPLE) -> list[SavePoint]:
-    """The save points the ``place``-th scenario of its launch resumes from, in order."""
+def resumed_points(per_epoch: list[int], place: int, group: int, sample: str = RESUME_SAMPLE) -> list[SavePoint]:
+    """The save points the ``place``-th scenario of its group (``group`` scenarios) resumes from, in order."""
     labels = labelled_points(per_epoch)
     if sample == "full":
         return list(labels)
     starts = [chain[0] for chain in chains(per_epoch)]
-    offset = (place + int(hashlib.sha1(sample.encode()).hexdigest(), 16)) % RESUME_SHARE
+    share = max(RESUME_SHARE, group)
+    offset = (place + int(hashlib.sha1(sample.encode()).hexdigest(), 16)) % share
     # by kind, not by place in the list: a short epoch makes two kinds one point, which shifts the places
-    kept = {kind for i, kind in enumerate(POINT_KINDS) if (i + offset) % RESUME_SHARE == 0}
+    kept = {kind for i, kind in enumerate(POINT_KINDS) if (i + offset) % share == 0}
     return [point for point, kinds in labels.items() if kept.intersection(kinds) or point in starts]
 
 
@@ -821,7 +823,7 @@ def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
     found.same_steps(reference, saver, "run checkpointing at every save point")
 
     all_chains = chains(per_epoch)
-    resumed = resumed_points(per_epoch, cfg["place"])
+    resumed = resumed_points(per_epoch, cfg["place"], cfg["group"])
     labels = labelled_points(per_epoch)
     found.resumed_kinds = sorted({kind for point in resumed for kind in labels[point]})
     for point in resumed:
@@ -882,8 +884,9 @@ def main(out_dir: Path, set_name: str, only: Optional[str] = None) -> None:
             else:
                 # the rotation runs through the scenarios with workers and those without apart: both resume
                 # from every kind of point in each launch
-                place = [c for c in ALL_SETS[set_name] if (c["workers"] > 0) == (cfg["workers"] > 0)].index(cfg)
-                run_scenario({**cfg, "place": place}, out_dir / "checkpoints" / cfg["id"], found)
+                group = [c for c in ALL_SETS[set_name] if (c["workers"] > 0) == (cfg["workers"] > 0)]
+                run_scenario({**cfg, "place": group.index(cfg), "group": len(group)},
+                             out_dir / "checkpoints" / cfg["id"], found)
         except Exception as exc:  # recorded here, then the launch ends on every rank (mp_harness_rank.run)
             found.add(f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             results.append({"id": cfg["id"], "passed": False, "difference": found.items[0], "raised": True})

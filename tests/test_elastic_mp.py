@@ -45,7 +45,7 @@ def launch(out: Path, index: int, world: int, workers: int, stop_epoch: int, sto
     script = [out, index, workers, stop_epoch, stop_batch]
     done = mp_harness.launch(mp_harness.accelerate_command(Path(mp_elastic.__file__), script, world),
                              out / f"launch{index}", timeout_s=240, collective_timeout_s=60, watch=[out],
-                             HF_HOME=str(out / "hf_home"), PYTHONPATH=str(Path(__file__).parent.parent))
+                             HF_HOME=str(out / "hf_home"))  # the repository is on its PYTHONPATH already
     assert done.ok, f"launch {index} (world {world}):\n{done.report()}"
 
 

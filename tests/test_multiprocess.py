@@ -182,15 +182,20 @@ def test_scenario_datasets_leave_a_partial_last_batch(set_name):
 
 
 @pytest.mark.parametrize("sample", ["make-test", "other", "full"])
-def test_every_kind_of_save_point_is_resumed_by_any_three_scenarios_in_a_row(sample):
-    """Three scenarios of a launch (of one class: with workers, or without) resume from every kind of point
-    between them, whatever the epochs' lengths (short ones make two kinds one point), and every scenario resumes
-    from the points its chains of resumes start from."""
-    for per_epoch in ([2, 2, 2], [3, 2, 2], [3, 3, 3], [5, 4, 4], [6, 6, 6], [9, 9, 9], [11, 7, 7]):
-        labels = labelled_points(per_epoch)
-        resumed = [resumed_points(per_epoch, place, sample) for place in range(3)]
-        kinds = {kind for points in resumed for point in points for kind in labels[point]}
-        assert kinds == set(POINT_KINDS), (per_epoch, sorted(set(POINT_KINDS) - kinds))
-        assert all(("in", 0, max(per_epoch[0] // 2, 1)) in points and ("after", 0) in points for points in resumed)
-        if sample == "full":
-            assert all(points == list(labels) for points in resumed)
+def test_every_kind_of_save_point_is_resumed_by_the_scenarios_of_each_group(sample):
+    """The scenarios of a group (a launch's with workers, or without: three or more) resume from every kind of
+    point between them, whatever the epochs' lengths (short ones make two kinds one point); every scenario
+    resumes from the points its chains of resumes start from; each group of a launch has three or more."""
+    sizes = {len([c for c in scenarios if (c["workers"] > 0) == workers])
+             for scenarios in ALL_SETS.values() for workers in (False, True)}
+    assert min(sizes) >= 3, sizes
+    for size in sorted(sizes | {3, 8}):
+        for per_epoch in ([2, 2, 2], [3, 2, 2], [3, 3, 3], [5, 4, 4], [6, 6, 6], [9, 9, 9], [11, 7, 7]):
+            labels = labelled_points(per_epoch)
+            resumed = [resumed_points(per_epoch, place, size, sample) for place in range(size)]
+            kinds = {kind for points in resumed for point in points for kind in labels[point]}
+            assert kinds == set(POINT_KINDS), (size, per_epoch, sorted(set(POINT_KINDS) - kinds))
+            assert all(("in", 0, max(per_epoch[0] // 2, 1)) in points and ("after", 0) in points
+                       for points in resumed)
+            if sample == "full":
+                assert all(points == list(labels) for points in resumed)
