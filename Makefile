@@ -54,10 +54,7 @@ PYTEST_WORKERS ?= 2
 # The tests' folders (checkpoints by the thousand, each fsynced) live in memory where the machine has /dev/shm:
 # an fsync there costs nothing, and what the tests check (which files, which bytes) is the same.
 TEST_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo $${TMPDIR:-/tmp})
-# Most of the suite's kernel time is forks (every DataLoader worker, every launch) of processes holding torch:
-# glibc's malloc asks for transparent huge pages where the kernel offers them, so a fork copies fewer page-table
-# entries (about 5 % less CPU for a launch here; glibc before 2.35 ignores it). Nothing the tests check changes.
-TEST_ENV := TMPDIR=$(TEST_TMPDIR) GLIBC_TUNABLES=$${GLIBC_TUNABLES:+$$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1
+TEST_ENV := TMPDIR=$(TEST_TMPDIR)
 test: install
 	$(TEST_ENV) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 

@@ -7,6 +7,7 @@ accelerate_stateful samples CKPT --rank 0 --step N`` (a fresh interpreter, impor
 rounds. Writing the checkpoint takes a minute or two on 2 cores.
 
     python benchmarks/bench_samples_shuffled.py                  # steps 10000, 5000 and 0, 5 rounds
+    python benchmarks/bench_samples_shuffled.py --buffer-size 0  # the Mixture read as it is, no Shuffled
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def checkpoint(folder: Path, steps: int, buffer_size: int, world: int = 2, batch
     for rank in range(world):
         mix = Mixture({"books": range(size), "code": range(size, 2 * size), "web": range(2 * size, 3 * size)},
                       {"books": 1, "code": 2, "web": 5}, seed=11)
-        loader = IterableShardDataLoader.from_dataloader(
-            DataLoader(Shuffled(mix, buffer_size, seed=3), batch_size=batch_size), DistContext(rank, world))
+        source = Shuffled(mix, buffer_size, seed=3) if buffer_size else mix
+        loader = IterableShardDataLoader.from_dataloader(DataLoader(source, batch_size=batch_size),
+                                                         DistContext(rank, world))
         it = iter(loader)
         for _ in range(steps):
             next(it)
@@ -57,7 +59,7 @@ def timed(ckpt: Path, step: int, rounds: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10_001, help="steps taken before the save")
-    parser.add_argument("--buffer-size", type=int, default=10_000)
+    parser.add_argument("--buffer-size", type=int, default=10_000, help="0: no Shuffled, the Mixture itself")
     parser.add_argument("--ask", type=int, nargs="+", default=[10_000, 5_000, 0], help="the steps asked")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

@@ -556,15 +556,19 @@ def save_points(per_epoch: list[int]) -> list[SavePoint]:
 
 # Which save points a scenario resumes from. The saving run saves at every point (and must still equal the
 # uninterrupted run); ``make test`` then resumes each kind of point from one scenario of each group of a launch
-# (those with workers, those without): kind i from the scenario at place (i + rotation) % len(group), so each
-# group resumes from every kind of point between its scenarios (``test_multiprocess`` checks it), and a group of
-# three or fewer from one kind in RESUME_SHARE per scenario at least. Every scenario also resumes from each point
-# a chain of resumes starts from.
+# (those with workers, those without; three or more each): kind i from the scenario at place
+# (i + rotation) % len(group), and a group of three from one kind in RESUME_SHARE per scenario. Each scenario
+# runs one of the two chains of resumes, in turn, so a group runs both. So each group resumes from every kind of
+# point between its scenarios, and through both chains (``test_multiprocess`` checks it).
 # A resume is a run to the end: with workers each of its epochs forks them, which is most of a launch's time.
-# RESUME_SAMPLE=full (``make test-full``, the soak, a launch by hand) resumes every point; another word draws
-# another rotation.
+# RESUME_SAMPLE=full (``make test-full``, the soak, a launch by hand) resumes every point and runs both chains in
+# every scenario; another word draws another rotation.
 RESUME_SHARE = 3
 RESUME_SAMPLE = os.environ.get("RESUME_SAMPLE", "full")
+
+
+def _rotation(sample: str) -> int:
+    return int(hashlib.sha1(sample.encode()).hexdigest(), 16)
 
 
 def resumed_points(per_epoch: list[int], place: int, group: int, sample: str = RESUME_SAMPLE) -> list[SavePoint]:
@@ -572,12 +576,19 @@ def resumed_points(per_epoch: list[int], place: int, group: int, sample: str = R
     labels = labelled_points(per_epoch)
     if sample == "full":
         return list(labels)
-    starts = [chain[0] for chain in chains(per_epoch)]
+    starts = [chain[0] for chain in scenario_chains(per_epoch, place, sample)]
     share = max(RESUME_SHARE, group)
-    offset = (place + int(hashlib.sha1(sample.encode()).hexdigest(), 16)) % share
+    offset = (place + _rotation(sample)) % share
     # by kind, not by place in the list: a short epoch makes two kinds one point, which shifts the places
     kept = {kind for i, kind in enumerate(POINT_KINDS) if (i + offset) % share == 0}
     return [point for point, kinds in labels.items() if kept.intersection(kinds) or point in starts]
+
+
+def scenario_chains(per_epoch: list[int], place: int, sample: str = RESUME_SAMPLE) -> list[list[SavePoint]]:
+    """The chains of resumes the ``place``-th scenario of its group runs: one of them, in turn (every one in
+    the full sample)."""
+    every = chains(per_epoch)
+    return every if sample == "full" else [every[(place + _rotation(sample)) % len(every)]]
 
 
 def chains(per_epoch: list[int]) -> list[list[SavePoint]]:
@@ -822,7 +833,7 @@ def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
     saver, _ = Run(cfg, per_epoch).drive([], folders)
     found.same_steps(reference, saver, "run checkpointing at every save point")
 
-    all_chains = chains(per_epoch)
+    all_chains = scenario_chains(per_epoch, cfg["place"])
     resumed = resumed_points(per_epoch, cfg["place"], cfg["group"])
     labels = labelled_points(per_epoch)
     found.resumed_kinds = sorted({kind for point in resumed for kind in labels[point]})

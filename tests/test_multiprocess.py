@@ -23,8 +23,9 @@ from typing import Callable
 import pytest
 
 import mp_harness
-from mp_scenarios import (ALL_SETS, HF_STREAMS, POINT_KINDS, SCENARIO_SETS, SOURCE_SETS, dispatches, expected_ids,
-                          is_iterable, labelled_points, reads_whole_shards, resumed_points)
+from mp_scenarios import (ALL_SETS, HF_STREAMS, POINT_KINDS, SCENARIO_SETS, SOURCE_SETS, chains, dispatches,
+                          expected_ids, is_iterable, labelled_points, reads_whole_shards, resumed_points,
+                          scenario_chains)
 
 SCRIPT = Path(__file__).with_name("mp_scenarios.py")
 # Which save points each scenario resumes from: ``mp_scenarios.resumed_points`` (read here, at import: the tests'
@@ -182,10 +183,10 @@ def test_scenario_datasets_leave_a_partial_last_batch(set_name):
 
 
 @pytest.mark.parametrize("sample", ["make-test", "other", "full"])
-def test_every_kind_of_save_point_is_resumed_by_the_scenarios_of_each_group(sample):
+def test_every_kind_of_save_point_and_both_chains_are_resumed_by_the_scenarios_of_each_group(sample):
     """The scenarios of a group (a launch's with workers, or without: three or more) resume from every kind of
-    point between them, whatever the epochs' lengths (short ones make two kinds one point); every scenario
-    resumes from the points its chains of resumes start from; each group of a launch has three or more."""
+    point between them, whatever the epochs' lengths (short ones make two kinds one point), and run both chains
+    of resumes; every scenario resumes from the point its chain starts from."""
     sizes = {len([c for c in scenarios if (c["workers"] > 0) == workers])
              for scenarios in ALL_SETS.values() for workers in (False, True)}
     assert min(sizes) >= 3, sizes
@@ -195,7 +196,9 @@ def test_every_kind_of_save_point_is_resumed_by_the_scenarios_of_each_group(samp
             resumed = [resumed_points(per_epoch, place, size, sample) for place in range(size)]
             kinds = {kind for points in resumed for point in points for kind in labels[point]}
             assert kinds == set(POINT_KINDS), (size, per_epoch, sorted(set(POINT_KINDS) - kinds))
-            assert all(("in", 0, max(per_epoch[0] // 2, 1)) in points and ("after", 0) in points
-                       for points in resumed)
+            runs = [scenario_chains(per_epoch, place, sample) for place in range(size)]
+            assert {tuple(c) for chains_ in runs for c in chains_} == {tuple(c) for c in chains(per_epoch)}
+            assert all(c[0] in points for points, chains_ in zip(resumed, runs) for c in chains_)
             if sample == "full":
                 assert all(points == list(labels) for points in resumed)
+                assert all(chains_ == chains(per_epoch) for chains_ in runs)
