@@ -54,16 +54,16 @@ PYTEST_WORKERS ?= 2
 # The tests' folders (checkpoints by the thousand, each fsynced) live in memory where the machine has /dev/shm:
 # an fsync there costs nothing, and what the tests check (which files, which bytes) is the same.
 TEST_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo $${TMPDIR:-/tmp})
-TEST_ENV := TMPDIR=$(TEST_TMPDIR)
 test: install
-	$(TEST_ENV) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+	TMPDIR=$(TEST_TMPDIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # Every configuration of every property grid (make test runs a fixed sample of the large ones: tests/conftest.py),
-# a resume from every save point of every real-process scenario (make test: each kind of point from one scenario
-# of each group of a launch, those with workers and those without: tests/mp_scenarios.py), and every launch's processes started from a fresh
-# interpreter (make test forks most from a pre-imported one: tests/mp_zygote.py says what that changes).
+# a resume from every save point and through both chains of resumes in every real-process scenario (make test:
+# each kind of point and each chain from one scenario of each group of a launch, those with workers and those
+# without: tests/mp_scenarios.py), and every launch's processes started from a fresh interpreter (make test
+# forks most from a pre-imported one: tests/mp_zygote.py says what that changes).
 test-full: install
-	$(TEST_ENV) ACCELERATE_STATEFUL_GRID=full ACCELERATE_STATEFUL_LAUNCH=exec $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+	TMPDIR=$(TEST_TMPDIR) ACCELERATE_STATEFUL_GRID=full ACCELERATE_STATEFUL_LAUNCH=exec $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # A wheel for your own project's environment: pip install "dist/accelerate_stateful-<version>-py3-none-any.whl[transformers]"
 dist: install
@@ -83,7 +83,7 @@ demo-trainer: $(TRAINER)
 # differing in what must not matter; the suite runs the first 9 of them (and 3 refusals).
 # LIFECYCLE_MP_SEED picks another first seed.
 programs: install
-	$(TEST_ENV) LIFECYCLE_MP_LAUNCHES=$${LIFECYCLE_MP_LAUNCHES:-2:300:30,3:150:15} \
+	TMPDIR=$(TEST_TMPDIR) LIFECYCLE_MP_LAUNCHES=$${LIFECYCLE_MP_LAUNCHES:-2:300:30,3:150:15} \
 		$(PY) -m pytest -q -s tests/test_lifecycle_mp.py
 
 # 50 kills at random instants (half aimed inside save_state), total_limit 1 then 3, a new seed each time.

@@ -7,8 +7,9 @@
 - **The point** (:func:`shared_point`): the epoch, the samples every process took, where the epoch was
   re-cut, and the pass in progress (where it began, whether it was trained). The elastic merge
   (:func:`merged_state`, which ``DataLoaderAdapter.merge_rank_states`` and the command line's ``samples
-  --world-size`` use) compares the saved states with :func:`first_difference` and names what differs. The save does not: a rank's share of a stream may end a batch before another's (uneven
-  shares), and such a checkpoint resumes exactly on the same number of processes.
+  --world-size`` use) compares the saved states with :func:`first_difference` and names what differs. The save
+  does not: a rank's share of a stream may end a batch before another's (uneven shares), and such a checkpoint
+  resumes exactly on the same number of processes.
 """
 
 from __future__ import annotations

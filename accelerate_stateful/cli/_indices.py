@@ -25,8 +25,8 @@ import struct
 from typing import Any, Mapping, Optional
 
 from ..checkpoint import _refusals
-from ..checkpoint._compare import merged_state
 from ..checkpoint import _state as S
+from ..checkpoint._compare import merged_state
 from ..loaders._passes import PASS
 from ..position._plan import ShardPlan
 from ..position._saved import shard_plan, striped_settings
