@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 
 import pytest
 
 from accelerate_stateful.errors import CheckpointError, UnsupportedConfigError
 from accelerate_stateful.sources.packed import Packed
-from accelerate_stateful.sources.shuffle import Draws, Shuffled
+from accelerate_stateful.sources._recorded import settled
+from accelerate_stateful.sources.shuffle import Draws, Shuffled, _BufferCursor
 
 
 def resumed_at(make, cut, epoch=0):
@@ -143,3 +145,42 @@ def test_a_resume_with_another_seed_than_the_checkpoints_is_refused_naming_both_
     for call in (other.check_position, lambda p: other.open(p, 0)):
         with pytest.raises(CheckpointError, match=r"seed=3, this one draws with seed=4.*Shuffled\(\.\.\., seed=3\)"):
             call(position)
+
+
+class _Scanned(_BufferCursor):
+    """The buffer as it found its oldest item before it counted the items per stretch: a scan of every slot."""
+
+    def _oldest(self) -> int:
+        return min(self._slots, default=self._read)
+
+
+@pytest.mark.parametrize("n,size,seed", [(n, size, seed) for n in (0, 7, 300, 1000) for size in (1, 3, 16, 40, 129)
+                                         for seed in (0, 5)])
+def test_the_positions_recorded_after_every_item_are_those_a_scan_of_the_slots_gives_resumed_too(n, size, seed):
+    """Counting the items held per stretch of reads finds the same oldest stretch as scanning the slots, so every
+    position is the one written before (checkpoints of either resume alike); and the record a loader takes after
+    a batch (``recorded()``, its slots made a tuple only when read or pickled) is that position."""
+    owner = Shuffled(list(range(n)), size, seed=seed)
+    for cut in (None, n // 3, n // 2 + 1):
+        saved = None
+        if cut is not None:  # resumed from a position written through JSON after ``cut`` items
+            first = _BufferCursor(owner, 1, None)
+            for _ in range(cut):
+                _next_or_none(first)
+            saved = json.loads(json.dumps(first.position()))
+        counted, scanned = _BufferCursor(owner, 1, saved), _Scanned(owner, 1, saved)
+        while True:
+            got = [_next_or_none(counted), _next_or_none(scanned)]
+            assert got[0] == got[1]
+            position, record = counted.position(), counted.recorded()
+            assert position == scanned.position()
+            assert settled(record) == position and pickle.loads(pickle.dumps(record)) == position
+            if got[0] is None:
+                break
+
+
+def _next_or_none(cursor):
+    try:
+        return next(cursor)
+    except StopIteration:
+        return None

@@ -18,6 +18,8 @@ import os
 import pickle
 from typing import Any, Iterator, Optional
 
+from ..sources._recorded import settled
+
 
 def is_stateful(dataset: Any) -> bool:
     return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
@@ -90,20 +92,24 @@ class DatasetPosition:
         return twin
 
     def record(self) -> dict:
-        """``{"dataset": state}``, or ``{"pickled": bytes}`` where the state would change under a reference."""
-        state = self.dataset.state_dict()
+        """``{"dataset": state}``, or ``{"pickled": bytes}`` where the state would change under a reference.
+
+        A source of this package is recorded through ``recorded_state()``, whose costly parts are put in their
+        JSON-able form only when read (:func:`unpack`) or pickled (``sources/_recorded``)."""
+        take = getattr(self.dataset, "recorded_state", None) or self.dataset.state_dict
+        state = take()
         pid = os.getpid()
         if pid not in self._fresh:
-            self._fresh[pid] = not shares_mutable_parts(state, self.dataset.state_dict())
+            self._fresh[pid] = not shares_mutable_parts(state, take())
         if self._fresh[pid]:
             return {"dataset": state}
         return {"pickled": pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)}
 
 
 def unpack(record: dict) -> dict:
-    """A record (or a snapshot holding one) with its state as an object."""
+    """A record (or a snapshot holding one) with its state as JSON-able data."""
     if "pickled" not in record:
-        return record
+        return dict(record, dataset=settled(record["dataset"])) if "dataset" in record else record
     found = {key: value for key, value in record.items() if key != "pickled"}
     found["dataset"] = pickle.loads(record["pickled"])  # made by this loader's own process
     return found

@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import CheckpointError, UnsupportedConfigError
+from ._recorded import recorded
 from .indexed import Indexed, as_indexed, stream_library
 
 
@@ -302,10 +303,18 @@ class GlobalStream(IterableDataset):
 
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict:
+        return self._state(lambda cursor: cursor.position())
+
+    def recorded_state(self) -> dict:
+        """:meth:`state_dict` as the loader records it after every batch: parts that cost to put in JSON-able
+        form may be kept in a cheap one until read (``_recorded``; ``settled()`` of it is ``state_dict()``)."""
+        return self._state(recorded)
+
+    def _state(self, position: Callable[[Any], Any]) -> dict:
         live = self.__dict__.get("_live")
         if live is not None:
             cursor, index, skip, block, origin = live
-            state = {"index": index[0], "position": cursor.position()}
+            state = {"index": index[0], "position": position(cursor)}
             if skip:
                 state["skip"] = [list(r) for r in skip]
             if block != 1:

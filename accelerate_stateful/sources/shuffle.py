@@ -13,12 +13,14 @@ stay in the buffer, not by how far the run got.
 
 from __future__ import annotations
 
+import array
 import collections
 from typing import Any, Optional
 
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._draws import Draws
 from ._global import Cursor, GlobalStream, check_child, check_source, open_source, plain_copy
+from ._recorded import IntsAsTuple
 
 _POSITION_KEYS = {"from", "from_read", "read", "slots", "draws", "ended"}
 # Recorded for ``accelerate-stateful samples`` (which replays the draws) and never read by a resume, so a
@@ -139,8 +141,14 @@ class _BufferCursor:
         self._source = open_source(owner.source, start["from"], epoch)
         self._marks = collections.deque([(start["from_read"], start["from"])])  # (read, position) oldest first
         self._read, self._draws, self._ended = start["from_read"], start["draws"], start["ended"]
-        self._slots: list = list(start["slots"])
+        self._slots = array.array("q", start["slots"])  # machine ints: a record copies them at memory speed
         self._items: list = [None] * len(self._slots)
+        # Items held per stretch of ``_every`` reads (read number // _every), and the first stretch that may hold
+        # one: where the oldest held item is, without scanning the slots.
+        self._held: collections.defaultdict = collections.defaultdict(int)
+        for number in self._slots:
+            self._held[number // self._every] += 1
+        self._low = self._read // self._every
         self._refill(start["read"])
 
     def _refill(self, read: int) -> None:
@@ -166,7 +174,7 @@ class _BufferCursor:
     def _next_item(self) -> Any:
         """The source's next item, keeping a position of the source every ``_every`` reads."""
         if self._read % self._every == 0 and self._marks[-1][0] < self._read:
-            oldest = min(self._slots, default=self._read)
+            oldest = self._oldest()
             while len(self._marks) > 1 and self._marks[1][0] <= oldest:
                 self._marks.popleft()
             self._marks.append((self._read, self._source.position()))
@@ -183,26 +191,49 @@ class _BufferCursor:
                 break
             self._items.append(item)
             self._slots.append(self._read - 1)
+            self._held[(self._read - 1) // self._every] += 1
         if not self._items:
             raise StopIteration
         slot = self._draw(self._draws) % len(self._items)
         self._draws += 1
-        out = self._items[slot]
+        out, gone = self._items[slot], self._slots[slot]
         if not self._ended:
             try:
                 self._items[slot] = self._next_item()
                 self._slots[slot] = self._read - 1
+                self._held[gone // self._every] -= 1
+                self._held[(self._read - 1) // self._every] += 1
                 return out
             except StopIteration:
                 self._ended = True
+        self._held[gone // self._every] -= 1
         self._items[slot], self._slots[slot] = self._items[-1], self._slots[-1]
         self._items.pop()
         self._slots.pop()
         return out
 
+    def _oldest(self) -> int:
+        """The first read number of the stretch of ``_every`` reads holding the oldest item in the buffer (all
+        items read so far when it is empty). Marks are kept at multiples of ``_every``, so which of them lie at
+        or before it is what lies at or before the oldest item itself: ``min(self._slots)``, without the scan.
+        The item being handed out still counts (it leaves once its slot is refilled)."""
+        held, low = self._held, self._low
+        while low * self._every < self._read and not held.get(low):
+            held.pop(low, None)
+            low += 1
+        self._low = low
+        return min(low * self._every, self._read)
+
     def position(self) -> dict:
+        return self._position(tuple(self._slots))
+
+    def recorded(self) -> dict:
+        """:meth:`position` after a batch, its slots copied and made a tuple only when read (``_recorded``)."""
+        return self._position(IntsAsTuple(self._slots[:]))
+
+    def _position(self, slots: Any) -> dict:
         read, position = self._marks[0]
-        return {"from": plain_copy(position), "from_read": read, "read": self._read, "slots": tuple(self._slots),
+        return {"from": plain_copy(position), "from_read": read, "read": self._read, "slots": slots,
                 "draws": self._draws, "ended": self._ended, "seed": self._seed, "buffer_size": self._size,
                 "to": plain_copy(self._source.position())}
 

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from ..position._seeds import mix_seed
+from ._rng_prints import numpy_state, random_state, set_numpy_state, set_random_state
 from ..errors import LifecycleError, UnsupportedConfigError
 
 try:  # numpy is optional for torch; seed it only where it is installed
@@ -72,16 +73,17 @@ def seed_globals(seed: int) -> None:
 
 
 def global_states() -> tuple:
-    """The CPU ``torch``, ``random`` and ``numpy`` global RNG states, as fresh objects."""
-    return torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None
+    """The CPU ``torch``, ``random`` and ``numpy`` global RNG states (the last take's ``random`` and ``numpy``
+    states where those did not change since, ``_rng_prints``: never change one in place)."""
+    return torch.get_rng_state(), random_state(), numpy_state()
 
 
 def set_global_states(saved: tuple) -> None:
     """Put back states taken by :func:`global_states`."""
     torch.set_rng_state(saved[0])
-    random.setstate(saved[1])
+    set_random_state(saved[1])
     if np is not None:
-        np.random.set_state(saved[2])
+        set_numpy_state(saved[2])
 
 
 @contextlib.contextmanager

@@ -1,0 +1,60 @@
+"""Positions recorded after every batch, put in their JSON-able form only when read.
+
+The loader records a stream's position after each batch and keeps the last few;
+a checkpoint reads one of them, most are dropped. A part of a position that is
+costly to put in its JSON-able form (a shuffle buffer's 10,000 slot numbers as a
+tuple: 18 µs, against 2 µs to copy them as machine integers) is recorded as a
+:class:`Deferred` holding a private copy, and turned into the JSON-able value
+when the record is read (:func:`settled`) or pickled (a worker's records reach
+the main process pickled). Either way what is read equals what ``position()``
+would have returned at the record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Deferred:
+    """A recorded part of a position, in a cheap form of its own; :meth:`settled` gives the JSON-able value."""
+
+    __slots__ = ()
+
+    def settled(self) -> Any:
+        raise NotImplementedError
+
+    def __reduce__(self) -> tuple:
+        return _same, (self.settled(),)
+
+
+class IntsAsTuple(Deferred):
+    """A private copy of a sequence of ints (an ``array.array``, say), read as a tuple."""
+
+    __slots__ = ("_ints",)
+
+    def __init__(self, ints: Any) -> None:
+        self._ints = ints
+
+    def settled(self) -> tuple:
+        return tuple(self._ints)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def settled(value: Any) -> Any:
+    """``value`` with every :class:`Deferred` inside its dicts and lists replaced by its JSON-able value."""
+    if isinstance(value, Deferred):
+        return value.settled()
+    if isinstance(value, dict):
+        return {key: settled(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [settled(item) for item in value]
+    return value
+
+
+def recorded(cursor: Any) -> Any:
+    """A cursor's position as recorded after a batch: its ``recorded()`` where it has one, else ``position()``."""
+    record = getattr(cursor, "recorded", None)
+    return record() if record is not None else cursor.position()
