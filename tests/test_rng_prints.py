@@ -32,7 +32,7 @@ def _assert_taken_now(taken: tuple) -> None:
 def test_the_fast_paths_are_on_where_the_suite_runs():
     """On CPython with numpy's MT19937, the probes at import found the raw states (else every take would call
     ``getstate()`` and this file would test the fallback only)."""
-    assert _rng_prints._read_random is not None and _rng_prints._NUMPY_LAYOUT
+    assert _rng_prints._RANDOM_READABLE and _rng_prints._NUMPY_READABLE
 
 
 @pytest.mark.parametrize("seed", range(8))

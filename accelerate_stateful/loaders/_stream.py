@@ -203,11 +203,13 @@ class StreamDataset(IterableDataset):
         """Logical worker ``start.logical``'s batches from ``dataset``, each recorded in the ring."""
         memo = {"first": (start.state or {}).get("first"), "reread": self._rereader(start, dataset, position)}
         items, read = self._open(start, dataset, position)
-        if self.slicer is not None:
-            items = self.slicer.items(items, memo)
+        if self.slicer is not None:  # it reads items it does not hand out: each is counted as read
+            items = self.slicer.items(_counted(items, read), memo)
         number = start.batches
         while True:
             batch = list(itertools.islice(items, self.batch_size))
+            if self.slicer is None:  # every item read is in the batch: counted once per batch, not per item
+                read[0] += len(batch)
             ended = len(batch) < self.batch_size
             if batch and not (ended and self.drop_last):
                 number += 1
@@ -234,13 +236,7 @@ class StreamDataset(IterableDataset):
         read[0] = skip
         if state is not None and "rng" in state:  # the stream's RNGs as they were after that batch
             _stream_rng.apply(state["rng"])
-
-        def counted() -> Iterator[Any]:
-            for item in stream:
-                read[0] += 1
-                yield item
-
-        return counted(), read
+        return stream, read
 
     def _rereader(self, start: WorkerStart, dataset: Any,
                   position: Optional[DatasetPosition]) -> Optional[Rereader]:
@@ -260,6 +256,13 @@ class StreamDataset(IterableDataset):
         if position is not None:
             snapshot.update(position.record())
         return snapshot
+
+
+def _counted(items: Iterator[Any], read: list) -> Iterator[Any]:
+    """``items``, each counted in ``read[0]`` as it is read."""
+    for item in items:
+        read[0] += 1
+        yield item
 
 
 _physical_info: Any = None  # this worker process's own WorkerInfo, before any logical worker was played

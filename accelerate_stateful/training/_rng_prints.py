@@ -1,18 +1,19 @@
-"""The ``random`` and ``numpy`` global RNG states, taken again only when they changed.
+"""The ``random`` and ``numpy`` global RNG states, taken and set again only when they changed.
 
-A stream records the global RNG states after every batch (``loaders/_stream_rng``) and swaps its own in
-around every read in the main process. ``random.getstate()`` builds a tuple of 625 ints (15 µs here) and
-``numpy.random.get_state()`` copies its key into a new array (30 µs), while most streams never draw from
-either. So each take first reads the generator's raw state bytes (under 1 µs): **where they are the bytes
-of the last take, the last take's state object is returned** (states are never changed in place, so
-sharing one is safe).
+A stream records the global RNG states after every batch (``loaders/_stream_rng``) and, in the main process,
+swaps its own in around every read. ``random.getstate()`` builds a tuple of 625 ints (15 µs here),
+``numpy.random.get_state()`` copies its key into a new array (30 µs) and ``numpy.random.set_state()`` checks
+and converts its argument (35 µs), while most streams never draw from either. So each take first reads the
+generator's raw state bytes (0.2 µs): **where they are the bytes of the last take or set, that state object
+is returned** (states are never changed in place, so sharing one is safe).
 
 The bytes read are the generator's whole state, so equal bytes are equal states:
 
 - ``numpy``: the ``MT19937`` bit generator's state struct (key and position), through its public
   ``ctypes.state_address``. The legacy generator also caches one Gaussian outside it, which a draw can
   use up without moving the key: the bytes stand for the state only while that cache is empty (the last
-  state taken says so); otherwise it is taken in full.
+  state taken says so); otherwise it is taken in full. A set where neither state caches one writes the
+  bytes, under the generator's lock.
 - ``random``: CPython's ``Random`` object holds its index and key right after the object header; they are
   read from there only once a probe at import found them where ``getstate()`` reports them (otherwise, and
   on other interpreters or free-threaded builds, every take calls ``getstate()``). The Gaussian it caches
@@ -28,7 +29,7 @@ import ctypes
 import random
 import sys
 import sysconfig
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 try:
     import numpy as np
@@ -36,34 +37,54 @@ except ImportError:  # pragma: no cover - numpy ships with every supported torch
     np = None
 
 _MT_WORDS = 624
+_RANDOM_OFFSET, _RANDOM_SIZE = object.__basicsize__, 4 + 4 * _MT_WORDS  # after PyObject_HEAD: index, key
+_NUMPY_SIZE = 4 * _MT_WORDS + 4  # key, then position
 
 
-def _random_reader() -> Optional[Callable[[random.Random], bytes]]:
-    """A reader of a ``random.Random``'s raw state (index, then key), where a probe finds it in memory."""
+class _Raw:
+    """The raw state bytes of one generator object, read (and written) through a view made once."""
+
+    __slots__ = ("owner", "_view")
+
+    def __init__(self, owner: Any, address: int, size: int) -> None:
+        self.owner = owner  # held: the view's memory is the owner's
+        self._view = (ctypes.c_char * size).from_address(address)
+
+    def read(self) -> bytes:
+        return self._view.raw
+
+    def write(self, data: bytes) -> None:
+        self._view.raw = data
+
+
+def _random_raw(rng: random.Random) -> _Raw:
+    return _Raw(rng, id(rng) + _RANDOM_OFFSET, _RANDOM_SIZE)
+
+
+def _numpy_raw(generator: Any) -> _Raw:
+    return _Raw(generator, generator._bit_generator.ctypes.state_address, _NUMPY_SIZE)
+
+
+def _random_readable() -> bool:
+    """Whether a ``random.Random``'s index and key lie right after its header, as ``getstate()`` reports them."""
     if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return None
-    offset, size = object.__basicsize__, 4 + 4 * _MT_WORDS  # after PyObject_HEAD: int index; uint32_t state[624]
-    base = random.Random.__mro__[1]  # the C type (``_random.Random``)
-    if base.__basicsize__ < offset + size:
-        return None
-
-    def read(rng: random.Random) -> bytes:
-        return ctypes.string_at(id(rng) + offset, size)
-
+        return False
+    if random.Random.__mro__[1].__basicsize__ < _RANDOM_OFFSET + _RANDOM_SIZE:  # the C type, ``_random.Random``
+        return False
     for seed in (0, 20261129):
         probe = random.Random(seed)
         for draws in (0, 1, 700):
             for _ in range(draws):
                 probe.random()
-            raw = read(probe)
+            raw = _random_raw(probe).read()
             words = [int.from_bytes(raw[4 + 4 * k: 8 + 4 * k], sys.byteorder) for k in range(_MT_WORDS)]
             index = int.from_bytes(raw[:4], sys.byteorder, signed=True)
             if tuple(words) + (index,) != probe.getstate()[1]:
-                return None
-    return read
+                return False
+    return True
 
 
-def _numpy_layout() -> bool:
+def _numpy_readable() -> bool:
     """Whether an ``MT19937``'s state struct holds its key, then its position, as ``get_state()`` reports them."""
     if np is None:
         return False
@@ -71,15 +92,10 @@ def _numpy_layout() -> bool:
         probe = np.random.RandomState(seed)
         for draws in (0, 1, 700):
             probe.random_sample(draws)
-            raw = _numpy_bytes(probe._bit_generator)
             _, key, pos, _, _ = probe.get_state()
-            if raw != _state_bytes(key, pos):
+            if _numpy_raw(probe).read() != _state_bytes(key, pos):
                 return False
     return True
-
-
-def _numpy_bytes(bits: Any) -> bytes:
-    return ctypes.string_at(bits.ctypes.state_address, 4 * _MT_WORDS + 4)
 
 
 def _state_bytes(key: Any, pos: int) -> bytes:
@@ -87,80 +103,98 @@ def _state_bytes(key: Any, pos: int) -> bytes:
     return key.astype(np.uint32, copy=False).tobytes() + int(pos).to_bytes(4, sys.byteorder, signed=True)
 
 
-_read_random = _random_reader()
-_NUMPY_LAYOUT = _numpy_layout()
-_taken_random: tuple[Any, Any] = (None, None)  # ((generator, bytes, Gaussian) at the last take, the state then)
-_taken_numpy: tuple[Any, Any] = (None, None)
+_RANDOM_READABLE = _random_readable()
+_NUMPY_READABLE = _numpy_readable()
+# Per generator: its raw view, then (the bytes and, for ``random``, the cached Gaussian) at the last take or
+# set, and the state then.
+_random_last: tuple[Optional[_Raw], Any, Any] = (None, None, None)
+_numpy_last: tuple[Optional[_Raw], Any, Any] = (None, None, None)
+
+
+def _random_now() -> Optional[tuple[_Raw, tuple]]:
+    """(the raw view of the generator ``random.getstate()`` reads, its (bytes, Gaussian) now), where readable."""
+    global _random_last
+    rng = getattr(random.getstate, "__self__", None)
+    if not _RANDOM_READABLE or type(rng) is not random.Random:
+        return None
+    raw = _random_last[0]
+    if raw is None or raw.owner is not rng:
+        raw = _random_raw(rng)
+        _random_last = (raw, None, None)
+    return raw, (raw.read(), rng.gauss_next)
+
+
+def _numpy_now() -> Optional[tuple[_Raw, bytes]]:
+    """(the raw view of the generator ``np.random.get_state()`` reads, its bytes now), where readable."""
+    global _numpy_last
+    generator = getattr(np.random.get_state, "__self__", None)
+    if not _NUMPY_READABLE or type(getattr(generator, "_bit_generator", None)) is not np.random.MT19937:
+        return None
+    raw = _numpy_last[0]
+    if raw is None or raw.owner is not generator:
+        raw = _numpy_raw(generator)
+        _numpy_last = (raw, None, None)
+    return raw, raw.read()
 
 
 def random_state() -> tuple:
-    """``random.getstate()``, or the last one taken if the generator has not changed since."""
-    global _taken_random
-    rng = getattr(random.getstate, "__self__", None)  # the generator ``random.getstate()`` reads
-    if _read_random is None or type(rng) is not random.Random:
+    """``random.getstate()``, or the last state taken or set if the generator has not changed since."""
+    global _random_last
+    found = _random_now()
+    if found is None:
         return random.getstate()
-    found = (rng, _read_random(rng), rng.gauss_next)
-    last, state = _taken_random
-    if last is not None and found[0] is last[0] and found[1:] == last[1:]:
-        return state
+    raw, now = found
+    if now == _random_last[1]:
+        return _random_last[2]
     state = random.getstate()
-    _taken_random = (found, state)
+    _random_last = (raw, now, state)
     return state
 
 
 def numpy_state() -> Optional[tuple]:
-    """``numpy.random.get_state()``, or the last one taken if the generator has not changed since."""
-    global _taken_numpy
+    """``numpy.random.get_state()``, or the last state taken or set if the generator has not changed since."""
+    global _numpy_last
     if np is None:
         return None
     found = _numpy_now()
     if found is None:
         return np.random.get_state()
-    last, state = _taken_numpy
-    # state[3]: has_gauss, a cached Gaussian the bytes do not show
-    if last is not None and found[0] is last[0] and found[1] == last[1] and not state[3]:
-        return state
+    raw, now = found
+    last = _numpy_last[2]
+    if now == _numpy_last[1] and not last[3]:  # last[3]: has_gauss, a cached Gaussian the bytes do not show
+        return last
     state = np.random.get_state()
-    _taken_numpy = (found, state)
+    _numpy_last = (raw, now, state)
     return state
-
-
-def _numpy_now() -> Optional[tuple]:
-    """(the generator ``np.random.get_state()`` reads, its state bytes), or None where they cannot be read."""
-    generator = getattr(np.random.get_state, "__self__", None)
-    bits = getattr(generator, "_bit_generator", None)
-    if not _NUMPY_LAYOUT or type(bits) is not np.random.MT19937:
-        return None
-    return generator, _numpy_bytes(bits)
 
 
 def set_random_state(state: tuple) -> None:
     """``random.setstate(state)``, skipped where it is the state now; the next take returns ``state``."""
-    global _taken_random
+    global _random_last
     if random_state() is state:
         return
     random.setstate(state)
-    rng = getattr(random.getstate, "__self__", None)
-    if _read_random is not None and type(rng) is random.Random:
-        _taken_random = ((rng, _read_random(rng), rng.gauss_next), state)
+    found = _random_now()
+    if found is not None:
+        _random_last = (found[0], found[1], state)
 
 
 def set_numpy_state(state: tuple) -> None:
     """``np.random.set_state(state)``, skipped where it is the state now, and written as the bit generator's
-    bytes where neither the state now nor ``state`` caches a Gaussian (``set_state`` costs 35 µs: it checks
-    and converts its argument). The next take returns ``state``."""
-    global _taken_numpy
+    bytes where neither the state now nor ``state`` caches a Gaussian. The next take returns ``state``."""
+    global _numpy_last
     now = numpy_state()
     if now is state:
         return
-    found = _numpy_now()
-    if (found is not None and not now[3] and not state[3] and state[0] == "MT19937"
+    raw = _numpy_last[0] if _NUMPY_READABLE and now is _numpy_last[2] else None  # ``now`` was read through it
+    if (raw is not None and not now[3] and not state[3] and state[0] == "MT19937"
             and getattr(state[1], "shape", None) == (_MT_WORDS,) and 0 <= int(state[2]) <= _MT_WORDS):
-        target = _state_bytes(state[1], state[2])
-        ctypes.memmove(found[0]._bit_generator.ctypes.state_address, target, len(target))
-        _taken_numpy = ((found[0], target), state)
+        data = _state_bytes(state[1], state[2])
+        with raw.owner._bit_generator.lock:  # the lock numpy's own draws and set_state take
+            raw.write(data)
+        _numpy_last = (raw, data, state)
         return
     np.random.set_state(state)
     found = _numpy_now()
     if found is not None:
-        _taken_numpy = (found, state)
+        _numpy_last = (found[0], found[1], state)
