@@ -54,6 +54,10 @@ _PLUMBING = "a helper of the box that names its package's main module"
 NOT_DRAWN: dict[str, str] = {
     "cli/_shuffled.py": "a Shuffled buffer's draws replayed in item numbers, for samples; part of cli/_composed.py",
     "sources/_draws.py": "a Shuffled buffer's draws, importable without torch; part of shuffle.py",
+    "sources/_recorded.py": "a position recorded after every batch, made JSON-able only when read; part of "
+                            "_global.py",
+    "training/_rng_prints.py": "the random and numpy states taken and set again only when they changed; part "
+                               "of training/_rng.py",
     "__main__.py": "runs the command line (cli/), which reads checkpoints through checkpoint/",
     "transformers.py": "public import path of integrations/transformers.py",
     "_teardown.py": "lets gloo's threads finish before the process group is destroyed at exit",
