@@ -221,7 +221,8 @@ class StreamDataset(IterableDataset):
 
     def _open(self, start: WorkerStart, dataset: Any,
               position: Optional[DatasetPosition]) -> tuple[Iterator[Any], list]:
-        """The user's stream positioned at ``start``, and a one-cell counter of items read from it."""
+        """The user's stream positioned at ``start``, and a one-cell counter of the items read from it (those read
+        to get there; ``share_batches`` counts the rest)."""
         read = [0]
         state = start.state
         if position is not None:
