@@ -129,7 +129,8 @@ class ShardPlan:
         """Global positions taken once every rank has taken ``steps`` steps."""
         if not 0 <= steps <= self.num_steps:
             raise ValueError(f"steps {steps} is outside the epoch's {self.num_steps} steps")
-        return min(self.origin + steps * self.total_batch_size, self.num_samples)
+        consumed = self.origin + steps * self.total_batch_size
+        return consumed if consumed < self.num_samples else self.num_samples  # min(), without a call per batch
 
     def steps_for(self, samples_consumed: int) -> int:
         """This rank's batches already taken when ``samples_consumed`` positions are gone.
