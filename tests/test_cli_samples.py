@@ -231,6 +231,15 @@ def test_samples_of_an_epoch_shuffled_with_numpy_equal_what_the_loaders_yield(tm
             assert one == [{"step": step, "indices": full[rank][step]}]
 
 
+def test_an_epoch_longer_than_max_samples_is_left_to_the_loaders(monkeypatch):
+    """Beyond ``MAX_SAMPLES`` torch draws the order faster: the setting is read at each question (the benchmark's
+    "torch" variant lowers it)."""
+    state = _shard(dict(world=1, shuffle=True, drop_last=False, even=True, split=False, bs=4), 0, 1).state_dict()
+    assert _indices.answerable([state], 0, 1)
+    monkeypatch.setattr(_indices, "MAX_SAMPLES", N - 1)
+    assert not _indices.answerable([state], 0, 1)
+
+
 def test_samples_of_a_seedable_order_with_samples_left_out_equal_what_the_loaders_yield(tmp_path):
     """Accelerate's seedable sampler, ``skip_samples`` ranges in the saved and the next epoch, and a save after
     an epoch's last batch: what ``samples`` draws without torch is what the loaders read."""

@@ -116,10 +116,11 @@ _ORDERS = {
 }
 
 
-def answerable(states: list, rank: int, world: int, limit: int = MAX_SAMPLES) -> bool:
+def answerable(states: list, rank: int, world: int, limit: Optional[int] = None) -> bool:
     """Whether :func:`rank_position` and :func:`rank_batches` answer for ``rank`` of ``world`` (else the loaders do):
     on the saved world size from the rank's own state, on another from every rank's (merged); an epoch of up to
-    ``limit`` samples."""
+    ``limit`` samples (default :data:`MAX_SAMPLES`, read at the call)."""
+    limit = MAX_SAMPLES if limit is None else limit
     for state in [states[rank]] if len(states) == world else states:
         if not isinstance(state, Mapping) or state.get(S.MODE) != S.SHARD_MODE or S.ORDER_WORLD in state:
             return False
