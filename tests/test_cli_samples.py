@@ -470,3 +470,15 @@ def test_samples_of_a_dispatcher_over_dict_samples_name_the_indices_its_last_ste
         read = [(batch["x"] - 100).tolist() for batch in it]
         assert [b["indices"] for b in remaining[rank]["batches"]] == read
     assert [b["indices"] for b in remaining[1]["batches"]][-1] == [10, 0]  # 11 samples: completed with sample 0
+
+
+@pytest.mark.parametrize("first", [pytest.param(torch.tensor(3), id="one-number"), pytest.param([], id="empty")])
+def test_samples_refuse_a_dispatcher_whose_saved_first_samples_are_no_batch(tmp_path, first):
+    loaders = [DispatchDataLoader.from_dataloader(DataLoader(list(range(N)), batch_size=2), DistContext(rank, 2))
+               for rank in range(2)]
+    for it in [iter(loader) for loader in loaders]:
+        next(it)
+    states = [dict(loader.state_dict(), first_samples=first) for loader in loaders]
+    status, out, err = run_cli("samples", save_checkpoint(tmp_path / "c", [states]), "--remaining")
+    assert status == 3 and out == "" and len(err.splitlines()) == 1
+    assert "first samples of the epoch" in err and "the file is damaged" in err and "resume from another" in err

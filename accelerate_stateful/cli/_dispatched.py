@@ -178,7 +178,7 @@ def _first_count(first: Any) -> Optional[int]:
     shape = getattr(found, "shape", None)
     if first is not None and not (shape and isinstance(shape[0], int) and shape[0] >= 1):
         raise CheckpointError(
-            f"the dispatcher's saved first samples of the epoch, which complete its last step, are not a batch of "
-            f"tensors ({first!r}); the file is damaged or was edited by hand, resume from another checkpoint"
+            "the dispatcher's saved first samples of the epoch, which complete its last step, are not a batch of "
+            "tensors; the file is damaged or was edited by hand, resume from another checkpoint"
         )
     return None if first is None else int(shape[0])
