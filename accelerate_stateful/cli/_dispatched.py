@@ -160,6 +160,8 @@ def _step_samples(order: list[int], layout: Layout, cut: Cut, step: int) -> list
 
 
 def _is_last(layout: Layout, cut: Cut, step: int) -> bool:
+    """Whether no step of ``cut`` follows ``step``: the reader's batches left make none (``drop_last``: no whole
+    one)."""
     left = cut.reader.num_batches - (cut.read + (step + 1 - cut.steps) * layout.group)
     return left <= 0 or (layout.drop_last and left < layout.group)
 
