@@ -48,6 +48,14 @@ def run_module(*args: Any) -> subprocess.CompletedProcess:
     return run_subprocess([sys.executable, "-m", "accelerate_stateful", *args])
 
 
+def run_importtime(*args: Any) -> tuple[int, set, str]:
+    """(status, top-level packages imported, stdout) of ``python -X importtime -m accelerate_stateful ARGS``: the
+    report on stderr names every module the process imported."""
+    done = run_subprocess([sys.executable, "-X", "importtime", "-m", "accelerate_stateful", *args])
+    names = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    return done.returncode, {name.split(".")[0] for name in names} - {"import time:"}, done.stdout
+
+
 def save_checkpoint(path: Path, states_per_loader: Sequence[Sequence[dict]]) -> Path:
     """A complete checkpoint of simulated ranks: ``states_per_loader[loader][rank]``, then the manifest."""
     world = len(states_per_loader[0])

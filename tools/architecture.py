@@ -115,6 +115,7 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_report.py": "the command line's tables and JSON (docs/cli.md)",
     "cli/_loaders.py": "the command line rebuilds the other loaders to answer samples (docs/cli.md)",
     "cli/_indices.py": "a shard loader's batches as dataset indices for samples, without torch (docs/cli.md)",
+    "cli/_dispatched.py": "a dispatcher's steps as dataset indices for samples, without torch (docs/cli.md)",
     "cli/_streams.py": "a Mixture stream's taken steps as the mixture's sample indices, for samples (docs/cli.md)",
     "cli/_composed.py": "each sample of a Mixture as its source and document, from saved positions (docs/cli.md)",
     "cli/_diff.py": "the command line's diff (docs/cli.md)",

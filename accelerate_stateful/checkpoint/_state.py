@@ -35,6 +35,7 @@ STREAM = "stream"  # a stream loader's own position (``loaders.iterable``)
 SOURCE = "source"  # a round-robin loader's source position (``sources.roundrobin``)
 SKIPPED = "skipped_samples"  # ranges [epoch, start, stop] of an epoch's order left out (``position._skips``)
 STEP_ORIGIN = "step_origin"  # a dispatcher's (reader batches, steps) where its epoch's steps of its size began
+FIRST_SAMPLES = "first_samples"  # a dispatcher's first samples of the epoch, which complete its last step
 
 # The loader kinds, by the ``mode`` their state records (each class's ``mode``).
 SHARD_MODE = "shard"

@@ -12,9 +12,9 @@ never printed. ``tests/test_cli_samples.py`` holds every answer against the load
 
 On another number of processes (``--world-size``) the ranks' states are merged as a resume merges them
 (``_compare.merged_state``, refused alike where the ranks were not in step), and the rest of the epoch is
-striped over the new ranks as the shard loader's restore stripes it. Everything else (a dispatcher, a
-``DistributedSampler``'s order, a very long epoch, where importing torch costs less than drawing the order
-here) goes to the loaders themselves (``_loaders``).
+striped over the new ranks as the shard loader's restore stripes it. A dispatcher's batches are runs of the same
+orders (``_dispatched``). Everything else (a ``DistributedSampler``'s order, a very long epoch, where importing
+torch costs less than drawing the order here) goes to the loaders themselves (``_loaders``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from ._position import _shard
 
 # Above this many samples, importing torch and drawing its randperm is faster than the shuffle with numpy.
 MAX_SAMPLES = 4_000_000
+# The longest epoch :func:`randperm` draws as torch does: from (2**32 - 1) // 20 samples on, torch's randperm
+# draws 64-bit numbers.
+MAX_DRAWN = 0xFFFFFFFF // 20 - 1
 # Above this many, importing numpy and shuffling with it is faster than the loop in Python (about 0.7 µs a
 # sample): the two are even at about 200,000 (benchmarks/bench_samples.py).
 PYTHON_SHUFFLE = 250_000
@@ -76,7 +79,7 @@ def _randperm_numpy(n: int, seed: int) -> list[int]:
     engine.state = {"bit_generator": "MT19937",
                     "state": {"key": np.array(_mt19937_state(seed & 0xFFFFFFFF), dtype=np.uint32), "pos": 624}}
     steps = np.arange(n, dtype=np.int64)
-    z = steps.copy()  # n is below 2**32 (MAX_SAMPLES), as each draw is: 32-bit division is the cheaper
+    z = steps.copy()  # n is below 2**32 (MAX_DRAWN), as each draw is: 32-bit division is the cheaper
     z[:-1] += engine.random_raw(n - 1).astype(np.uint32) % np.arange(n, 1, -1, dtype=np.uint32)
     # The steps grouped by the position they swap with, each group in step order: one sort of one key.
     key = np.sort((z << 32) | steps)
@@ -113,15 +116,17 @@ _ORDERS = {
 }
 
 
-def answerable(states: list, rank: int, world: int) -> bool:
+def answerable(states: list, rank: int, world: int, limit: Optional[int] = None) -> bool:
     """Whether :func:`rank_position` and :func:`rank_batches` answer for ``rank`` of ``world`` (else the loaders do):
-    on the saved world size from the rank's own state, on another from every rank's (merged)."""
+    on the saved world size from the rank's own state, on another from every rank's (merged); an epoch of up to
+    ``limit`` samples (default :data:`MAX_SAMPLES`, read at the call)."""
+    limit = MAX_SAMPLES if limit is None else limit
     for state in [states[rank]] if len(states) == world else states:
         if not isinstance(state, Mapping) or state.get(S.MODE) != S.SHARD_MODE or S.ORDER_WORLD in state:
             return False
         config = state.get(S.CONFIG)
         if not (isinstance(config, Mapping) and config.get("order") in _ORDERS
-                and isinstance(config.get("num_samples"), int) and 0 <= config["num_samples"] <= MAX_SAMPLES):
+                and isinstance(config.get("num_samples"), int) and 0 <= config["num_samples"] <= limit):
             return False
     return True
 
@@ -158,13 +163,20 @@ def rank_batches(state: Mapping[str, Any], plan: ShardPlan, epoch: int, start: i
                  stop: Optional[int]) -> list[list[int]]:
     """The batches ``start`` to ``stop`` (exclusive; ``None``: the epoch's end) of ``plan`` in ``epoch``, as
     dataset indices."""
+    order = epoch_order(state, epoch)
+    stop = plan.num_batches if stop is None else min(stop, plan.num_batches)
+    return [[order[p] for p in plan.batch_positions(k)] for k in range(start, stop)]
+
+
+def epoch_order(state: Mapping[str, Any], epoch: int) -> list[int]:
+    """The dataset indices at the positions of ``epoch``'s order, less the samples left out of it
+    (``skip_samples``), as a plan of the state's settings numbers them."""
     order = _checked_order(state)
     if epoch != state[S.EPOCH]:
         order = _ORDERS[state[S.CONFIG]["order"]](state[S.CONFIG]["num_samples"], state[S.SEED], epoch)
     for first, last in reversed(of_epoch(state.get(S.SKIPPED, []), epoch)):
         del order[first:last]
-    stop = plan.num_batches if stop is None else min(stop, plan.num_batches)
-    return [[order[p] for p in plan.batch_positions(k)] for k in range(start, stop)]
+    return order
 
 
 def _checked_order(state: Mapping[str, Any]) -> list[int]:

@@ -6,8 +6,10 @@ batch size, dataset length, order kind, seed, ``drop_last``, ``even_batches``,
 loader classes training used, over the dataset ``range(dataset_length)`` (whose
 sample ``i`` is the index ``i``), and loads the state into them, so it validates,
 restores and lays out batches with the loader's own code and cannot disagree
-with a resumed run. Only ``samples`` needs this (and torch); ``inspect`` and
-``verify`` read positions with ``_position``.
+with a resumed run. Only ``samples`` needs this (and torch), where it cannot answer
+from the states alone (``_indices``, ``_dispatched``): a shard loader's epoch too long to draw faster than
+torch, a dispatcher's too long to draw as torch does, and an order of a user's own sampler, which it refuses;
+``inspect`` and ``verify`` read positions with ``_position``.
 """
 
 from __future__ import annotations
@@ -104,11 +106,24 @@ def restored_loader(states: list, rank: int, world_size: int) -> Any:
     return loader
 
 
+def resumed_batches(states: list, rank: int, world_size: int, start: int, stop: Optional[int]) -> list[list[int]]:
+    """:func:`rank_batches` of the loader :func:`restored_loader` gives, restored afresh for each run of steps it
+    reads: a dispatcher's steps before and after those of its size began are two runs."""
+    loader = restored_loader(states, rank, world_size)
+    began = loader._step_origin[1] if isinstance(loader, DispatchDataLoader) else 0
+    if start < began and (stop is None or stop > began):
+        return rank_batches(loader, start, began) + resumed_batches(states, rank, world_size, began, stop)
+    return rank_batches(loader, start, stop)
+
+
 def rank_batches(loader: Any, start: int, stop: Optional[int] = None) -> list[list[int]]:
     """This rank's batches ``start`` to ``stop`` (exclusive; ``None``: the epoch's end), as dataset indices.
 
     A shard loader's batches come from its own batch sampler over its plan (no sample is fetched); a
-    dispatcher is run over the index dataset, since its parts are cut from concatenated global batches.
+    dispatcher is run over the index dataset, since its parts are cut from concatenated global batches: from
+    where it stands, from a step of the steps of its size (``seek``), or from the epoch's start: before those
+    began, after the epoch's last step, or before it read the samples its last step is completed with
+    (``_dispatched`` states the same rules without torch).
     """
     if isinstance(loader, ShardDataLoader):
         stop = len(loader) if stop is None else min(stop, len(loader))
@@ -118,7 +133,10 @@ def rank_batches(loader: Any, start: int, stop: Optional[int] = None) -> list[li
         sampler.set_pass(loader._pass_indices(), loader._plan, start, None)
         return list(itertools.islice(iter(sampler), stop - start))
     if loader.batches_yielded != start:
-        loader._start_epoch(loader.epoch)  # from the epoch's start: a dispatcher's parts depend on its first step
+        if start >= loader._step_origin[1] and loader.batches_yielded < len(loader) and loader._first is not None:
+            loader.seek(start)
+        else:  # a whole run of the epoch at this size, which reads the samples its last step is completed with
+            loader._start_epoch(loader.epoch)
     skip = loader.batches_yielded
     batches = iter(loader) if stop is None else itertools.islice(iter(loader), max(stop - skip, 0))
     return [batch.tolist() for batch in batches][start - skip:]

@@ -18,9 +18,10 @@ Commands: ``inspect``, ``verify``, ``samples``, ``diff`` (see ``docs/cli.md``). 
 ==  ==========================================================================
 
 ``inspect``, ``verify`` and ``diff`` read JSON and safetensors headers only and never import torch (nor
-accelerate): a call takes a fraction of a second. So does ``samples`` of a shard loader whose order is
-sequential or ``shuffle=True`` (``_indices``); for any other loader it rebuilds the loaders, and so imports
-them and torch.
+accelerate): a call takes a fraction of a second. So does ``samples`` of a shard loader or a dispatcher whose
+order is sequential or ``shuffle=True`` (``_indices``, ``_dispatched``); beyond that (a shard loader's epoch above
+4,000,000 samples, an order drawn by a user's own sampler, which it refuses) it rebuilds the loaders, and so
+imports them and torch.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Callable, Optional, Sequence
 
 from ..checkpoint import _integrity
 from ..checkpoint import _state as S
-from . import _check_resume, _composed, _indices, _streams
+from . import _check_resume, _composed, _dispatched, _indices, _streams
 from ._position import with_reader
 from ._diff import diff_reports, format_diff
 from ._read import (Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint,
@@ -188,7 +189,7 @@ def _samples(args: argparse.Namespace) -> int:
     if _streams.is_composed(with_reader(states, 0)):
         return _composed_samples(ckpt, states, ranks, world, args)
     require_map_style(with_reader(states, 0))
-    if not all(_indices.answerable(states, r, world) for r in ranks):  # the loaders, rebuilt, take the tensors
+    if not all(_derivable(states, r, world) for r in ranks):  # the loaders, rebuilt, take the tensors
         states = open_checkpoint(args.checkpoint, with_tensors=True).rank_states(args.loader)
     found = [_rank_samples(states, r, world, args) for r in ranks]
     out = {"schema_version": SCHEMA_VERSION, "checkpoint": str(ckpt.path), "loader": args.loader,
@@ -216,18 +217,27 @@ def _rank_samples(states: list, rank: int, world: int, args: argparse.Namespace)
             "batches": [{"step": start + k, "indices": b} for k, b in enumerate(batches)]}
 
 
+def _derivable(states: list, rank: int, world: int) -> bool:
+    """Whether ``rank``'s batches follow from the states without torch (:func:`_answerer`)."""
+    return _indices.answerable(states, rank, world) or _dispatched.answerable(states, rank, world)
+
+
 def _answerer(states: list, rank: int, world: int) -> tuple[int, int, int, Callable[[int, Optional[int]], list]]:
     """(batches taken, batches in the epoch, epoch, ``batches(start, stop)``) of ``rank`` of ``world`` resumed
-    from the checkpoint: a shard loader's from its state (``_indices``, without torch), any other's from the
-    loader rebuilt and resumed (``_loaders``, which imports torch)."""
+    from the checkpoint: a shard loader's or a dispatcher's from the states (``_indices``, ``_dispatched``,
+    without torch), any other's from the loader rebuilt and resumed (``_loaders``, which imports torch)."""
     if _indices.answerable(states, rank, world):
         state = _indices.resumed_state(states, rank, world)
         plan, taken, epoch = _indices.rank_position(state, rank, world)
         return taken, plan.num_batches, epoch, functools.partial(_indices.rank_batches, state, plan, epoch)
-    from ._loaders import rank_batches, restored_loader
+    if _dispatched.answerable(states, rank, world):
+        found = _dispatched.layout(states, rank, world)
+        return found.taken, found.total, found.epoch, functools.partial(_dispatched.batches, found)
+    from ._loaders import restored_loader, resumed_batches
 
     loader = restored_loader(states, rank, world)
-    return loader.batches_yielded, len(loader), loader.epoch, functools.partial(rank_batches, loader)
+    return (loader.batches_yielded, len(loader), loader.epoch,
+            functools.partial(resumed_batches, states, rank, world))
 
 
 def _composed_samples(ckpt: Checkpoint, states: list, ranks: Sequence[int], world: int,

@@ -6,7 +6,7 @@ and position check the shard loader itself uses (``position._saved``) and the pa
 (``loaders._passes.check_entry``); the rest of ``validate_state`` (mode, settings, seed) and the
 dispatcher's step count are restated here in a few lines. ``tests/test_cli_position.py`` holds every figure
 and refusal against the loaders themselves, resumed from the same states, so a report cannot drift from a
-resumed run. Which dataset indices a batch holds is ``samples``' question (``_loaders``), which needs torch.
+resumed run. Which dataset indices a batch holds is ``samples``' question (``_indices``, ``_dispatched``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from .._context import DistContext
 from ..errors import UnsupportedConfigError
 from ..position import _skips
 
-FIRST = "first_samples"
+FIRST = S.FIRST_SAMPLES
 TAKEN = "samples_taken"  # samples of the epoch's order in the global batches the loop took, counted on every rank
 # After a resume on another number of processes, where this epoch's steps of the new size began: the reader's
 # batches taken then, and the steps counted for them. (0, 0) in an epoch started at this size.
