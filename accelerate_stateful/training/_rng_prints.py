@@ -25,6 +25,7 @@ next time, and the state is taken again.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import random
 import sys
@@ -71,15 +72,16 @@ def _random_readable() -> bool:
         return False
     if random.Random.__mro__[1].__basicsize__ < _RANDOM_OFFSET + _RANDOM_SIZE:  # the C type, ``_random.Random``
         return False
+    if array.array("I").itemsize != 4:
+        return False
     for seed in (0, 20261129):
         probe = random.Random(seed)
         for draws in (0, 1, 700):
             for _ in range(draws):
                 probe.random()
             raw = _random_raw(probe).read()
-            words = [int.from_bytes(raw[4 + 4 * k: 8 + 4 * k], sys.byteorder) for k in range(_MT_WORDS)]
             index = int.from_bytes(raw[:4], sys.byteorder, signed=True)
-            if tuple(words) + (index,) != probe.getstate()[1]:
+            if tuple(array.array("I", raw[4:])) + (index,) != probe.getstate()[1]:
                 return False
     return True
 
