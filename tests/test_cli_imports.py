@@ -115,16 +115,30 @@ def test_samples_of_a_dispatcher_import_neither_torch_nor_accelerate(project, ar
     assert not imported & set(HEAVY), f"imported {sorted(imported & set(HEAVY))}"
 
 
-def test_samples_of_an_order_drawn_by_a_users_sampler_rebuilds_the_loader_and_so_imports_torch(tmp_path):
-    """The report does list torch where it is imported: such an order is refused by the loader rebuilt."""
+def test_samples_refuse_an_order_drawn_by_a_users_sampler_without_importing_torch(tmp_path):
+    """Such an order is refused from the state, before anything would rebuild the loader."""
     class Reversed(SequentialSampler):
         def __iter__(self):
             return iter(range(len(self.data_source) - 1, -1, -1))
 
     data = list(range(12))
-    loader = ShardDataLoader.from_dataloader(DataLoader(data, batch_size=4, sampler=Reversed(data)), DistContext(0, 1))
-    status, imported, _ = _imported("samples", save_checkpoint(tmp_path / "c", [[loader.state_dict()]]), "--remaining")
-    assert status == 4 and "torch" in imported
+    for dispatch in (False, True):
+        made = DataLoader(data, batch_size=4, sampler=Reversed(data))
+        loader = (DispatchDataLoader.from_dataloader(made, DistContext(0, 1)) if dispatch
+                  else ShardDataLoader.from_dataloader(made, DistContext(0, 1)))
+        ckpt = save_checkpoint(tmp_path / f"c{dispatch}", [[loader.state_dict()]])
+        status, imported, _ = _imported("samples", ckpt, "--remaining")
+        assert status == 4 and not imported & set(HEAVY), (status, sorted(imported & set(HEAVY)))
+        assert "the DataLoader's own sampler (sampler:" in run_cli("samples", ckpt, "--remaining")[2]
+
+
+def test_samples_of_an_epoch_longer_than_the_order_drawn_here_rebuild_the_loader_and_so_import_torch(tmp_path):
+    """The report does list torch where it is imported: above ``_indices.MAX_SAMPLES`` the loaders answer."""
+    from accelerate_stateful.cli import _indices
+
+    loader = ShardDataLoader.from_dataloader(DataLoader(range(_indices.MAX_SAMPLES + 1), batch_size=4), DistContext(0, 1))
+    status, imported, out = _imported("samples", save_checkpoint(tmp_path / "c", [[loader.state_dict()]]), "--step", "0")
+    assert status == 0 and out.splitlines()[-1] == "step 0: 0 1 2 3" and "torch" in imported, (status, out)
 
 
 def test_a_training_process_does_not_import_distributed_checkpoint_at_start():

@@ -27,7 +27,7 @@ from ..position._order import EpochOrder, SequentialOrder, ShuffledOrder
 from ..loaders.dispatch import DispatchDataLoader
 from ..errors import CheckpointError
 from ..loaders.shard import ShardDataLoader, _PlanBatchSampler
-from ._read import NotAnswerable, require_map_style
+from ._read import NotAnswerable, require_map_style, sampler_refusal
 
 _REPRODUCIBLE = {SequentialOrder.kind: SequentialOrder, ShuffledOrder.kind: ShuffledOrder}
 
@@ -46,10 +46,7 @@ class RecordedOrder(EpochOrder):
 
     def indices(self, seed: int, epoch: int) -> torch.Tensor:
         if self.kind not in _REPRODUCIBLE:
-            raise NotAnswerable(
-                f"the epoch order comes from the DataLoader's own sampler ({self.kind}), which a checkpoint does "
-                "not record; dataset indices can be listed only for sequential and shuffle=True loaders"
-            )
+            raise NotAnswerable(sampler_refusal(self.kind))
         return _REPRODUCIBLE[self.kind](self.num_samples).indices(seed, epoch)
 
 

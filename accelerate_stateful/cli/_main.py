@@ -40,7 +40,7 @@ from . import _check_resume, _composed, _dispatched, _indices, _streams
 from ._position import with_reader
 from ._diff import diff_reports, format_diff
 from ._read import (Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint,
-                    require_map_style)
+                    require_drawable_order, require_map_style)
 from ._report import SCHEMA_VERSION, describe, format_report
 from ..errors import StatefulLoaderError
 
@@ -233,6 +233,7 @@ def _answerer(states: list, rank: int, world: int) -> tuple[int, int, int, Calla
     if _dispatched.answerable(states, rank, world):
         found = _dispatched.layout(states, rank, world)
         return found.taken, found.total, found.epoch, functools.partial(_dispatched.batches, found)
+    require_drawable_order(states)  # refused from the states, before torch is imported for the loaders
     from ._loaders import restored_loader, resumed_batches
 
     loader = restored_loader(states, rank, world)

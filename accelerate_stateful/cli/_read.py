@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import safetensors
 
@@ -38,6 +38,24 @@ class NotAnswerable(StatefulLoaderError):
 
     Raised to the command line only, which turns it into its own exit status.
     """
+
+
+def require_drawable_order(states: list) -> None:
+    """Raise ``NotAnswerable`` if an order in ``states`` (a dispatcher's: its reader's) was drawn by the
+    ``DataLoader``'s own sampler, whose draws a checkpoint does not record; reads the states only (no torch)."""
+    for state in states:
+        config = state.get(S.CONFIG) if isinstance(state, Mapping) else None
+        base = state.get(S.BASE) if isinstance(state, Mapping) else None
+        if isinstance(base, Mapping) and isinstance(base.get(S.CONFIG), Mapping):
+            config = base[S.CONFIG]
+        kind = config.get("order") if isinstance(config, Mapping) else None
+        if isinstance(kind, str) and kind.startswith("sampler:"):
+            raise NotAnswerable(sampler_refusal(kind))
+
+
+def sampler_refusal(kind: str) -> str:
+    return (f"the epoch order comes from the DataLoader's own sampler ({kind}), which a checkpoint does not record; "
+            "dataset indices can be listed only for sequential and shuffle=True loaders")
 
 
 def require_map_style(state: Any) -> None:
