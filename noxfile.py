@@ -1,6 +1,6 @@
 """Dependency sessions that CI runs after ``make test`` (``.ci/run``); ``docs/compatibility.md`` says what they show.
 
-- ``floor``: the oldest release ``setup.py`` admits of each dependency, on the fast subset below (8 of the
+- ``floor``: the oldest release ``setup.py`` admits of each dependency, on the fast subset below (9 of the
   suite's test files; the rest runs on the pinned set only).
 - ``newest``: the newest release of each on PyPI when this file was last updated, on the same subset.
 - ``conformance``: Accelerate's own tests with this package's ``Accelerator``, against the pinned release
@@ -50,6 +50,7 @@ FAST_SUBSET = [
     "tests/test_accumulation.py",
     "tests/test_free_memory.py",
     "tests/test_trainer.py",
+    "tests/test_teardown.py",
 ]
 TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3"]
 # pip reads no configuration file in these sessions: a machine's pip.conf may cap torch below NEWEST
