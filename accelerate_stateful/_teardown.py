@@ -19,7 +19,8 @@ woken; one waiting for the GIL is woken every few milliseconds (its context-swit
 :func:`settle` sleeps (which releases the GIL) until those counts stay still.
 
 Which threads: gloo's workers name themselves ``pt_gloo_runloop`` in the torch releases that name them. Older
-ones (torch 2.6) leave them unnamed, and there, once this process has had a process group, every other thread
+ones (torch 2.6) leave them unnamed, and there (a process that has had a process group and never saw a thread
+of that name) every other thread
 of the process is watched by its voluntary switches (a thread waiting for the GIL makes one every 5 ms; a
 thread spinning on a CPU, as an OpenMP pool does for a while, makes none; one blocked for good makes none),
 but those the kernel shows waiting in an event loop (gloo's transport loop, which wakes every 10 ms).
@@ -42,6 +43,7 @@ LIMIT_S = 5.0
 # The lines of /proc/<pid>/task/<tid>/status counted.
 ALL_SWITCHES, VOLUNTARY = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"), ("voluntary_ctxt_switches",)
 _had_group = False  # whether this process has had a torch.distributed process group
+_named_seen = False  # whether this process has seen a gloo thread by its name (this torch release names them)
 
 
 def _tasks() -> list[Path]:
@@ -84,8 +86,10 @@ def _has_had_group() -> bool:
 
 def _watched() -> tuple[list[Path], tuple[str, ...]]:
     """The threads :func:`settle` waits on, and which of their context switches it counts (module docstring)."""
+    global _named_seen
     had_group, named = _has_had_group(), _gloo_threads()
-    if named or not had_group:
+    _named_seen = _named_seen or bool(named)
+    if named or not had_group or _named_seen:  # this torch names them: none named, none running
         return named, ALL_SWITCHES
     return _other_threads(), VOLUNTARY
 
