@@ -19,11 +19,11 @@ woken; one waiting for the GIL is woken every few milliseconds (its context-swit
 :func:`settle` sleeps (which releases the GIL) until those counts stay still.
 
 Which threads: gloo's workers name themselves ``pt_gloo_runloop`` in the torch releases that name them. Older
-ones (torch 2.6) leave them unnamed, and there (a process that has had a process group and never saw a thread
-of that name) every other thread
-of the process is watched by its voluntary switches (a thread waiting for the GIL makes one every 5 ms; a
-thread spinning on a CPU, as an OpenMP pool does for a while, makes none; one blocked for good makes none),
-but those the kernel shows waiting in an event loop (gloo's transport loop, which wakes every 10 ms).
+ones (torch 2.6) leave them unnamed. There (a process that has had a process group and never saw a thread of
+that name) every other thread of the process is watched by its voluntary switches: a thread waiting for the
+GIL makes one every 5 ms, a thread spinning on a CPU (as an OpenMP pool does for a while) or blocked for good
+makes none. Threads the kernel shows waiting in an event loop are left out (gloo's transport loop wakes every
+10 ms).
 Before the name was read only, and at the dependency floor the rule did nothing: 4 in 14 three-process
 launches of ``tests/test_lifecycle_mp.py`` hung there in ``destroy_process_group``.
 """
