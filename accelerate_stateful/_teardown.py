@@ -94,7 +94,7 @@ def _watched() -> tuple[list[Path], tuple[str, ...]]:
     return _other_threads(), VOLUNTARY
 
 
-def _switches(threads: list[Path], counted: tuple[str, ...] = ALL_SWITCHES) -> tuple:
+def _switches(threads: list[Path], counted: tuple[str, ...]) -> tuple:
     counts = []
     for task in threads:
         try:

@@ -107,10 +107,10 @@ class DatasetPosition:
 
 
 def unpack(record: dict) -> dict:
-    """A record (or a snapshot holding one) with its state as JSON-able data."""
+    """A record (or a snapshot holding one) with its state, and every part deferred to now, as checkpoint data."""
     if "pickled" not in record:
-        return dict(record, dataset=settled(record["dataset"])) if "dataset" in record else record
-    found = {key: value for key, value in record.items() if key != "pickled"}
+        return settled(record)
+    found = settled({key: value for key, value in record.items() if key != "pickled"})
     found["dataset"] = pickle.loads(record["pickled"])  # made by this loader's own process
     return found
 

@@ -156,8 +156,6 @@ class StreamDataset(IterableDataset):
         key = (generation, logical, batches)
         if self._channels is None:
             found = self._ring.get(key)
-            if found is not None:
-                found = {**found, "rng": found["rng"].settled()}
         else:
             # Bytes from this loader's own worker process, as every batch of the base loader is.
             found = pickle.loads(self._channels.ask(physical, key))
@@ -203,12 +201,15 @@ class StreamDataset(IterableDataset):
         """Logical worker ``start.logical``'s batches from ``dataset``, each recorded in the ring."""
         memo = {"first": (start.state or {}).get("first"), "reread": self._rereader(start, dataset, position)}
         items, read = self._open(start, dataset, position)
-        if self.slicer is not None:  # it reads items it does not hand out: each is counted as read
+        # Every item read is in a batch (counted once per batch), but where a slicer reads items it does not hand
+        # out (each counted as read).
+        per_batch = self.slicer is None
+        if not per_batch:
             items = self.slicer.items(_counted(items, read), memo)
         number = start.batches
         while True:
             batch = list(itertools.islice(items, self.batch_size))
-            if self.slicer is None:  # every item read is in the batch: counted once per batch, not per item
+            if per_batch:
                 read[0] += len(batch)
             ended = len(batch) < self.batch_size
             if batch and not (ended and self.drop_last):

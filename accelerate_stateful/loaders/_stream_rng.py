@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ..sources._recorded import Deferred
 from ..training._rng import global_states, preserved_globals, seed_globals, set_global_states
 
 try:
@@ -68,10 +69,10 @@ def record() -> dict:
     return _checkpoint_types(global_states())
 
 
-class Taken:
+class Taken(Deferred):
     """The global RNG states as they are now, put in a checkpoint's types (:func:`record`'s) only when they are
-    read: pickled (a worker's snapshot, sent to the main process when a checkpoint asks for it) or
-    :meth:`settled`. A stream takes them after every batch; most are never read."""
+    read: pickled (a worker's snapshot, sent to the main process when a checkpoint asks for it, converted there)
+    or :meth:`settled` (``sources/_recorded``). A stream takes them after every batch; most are never read."""
 
     __slots__ = ("states",)
 

@@ -7,7 +7,8 @@ tuple: 18 µs, against 2 µs to copy them as machine integers) is recorded as a
 :class:`Deferred` holding a private copy, and turned into the JSON-able value
 when the record is read (:func:`settled`) or pickled (a worker's records reach
 the main process pickled). Either way what is read equals what ``position()``
-would have returned at the record.
+would have returned at the record. The stream's RNG states taken after each batch
+(``loaders/_stream_rng.Taken``) are deferred the same way.
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ def _same(value: Any) -> Any:
 
 
 def settled(value: Any) -> Any:
-    """``value`` with every :class:`Deferred` inside its dicts and lists replaced by its JSON-able value."""
+    """``value`` with every :class:`Deferred` in it or in its nested dicts replaced by its JSON-able value (a
+    record's deferred parts are values of dicts; a user's lists are not walked). The same object where none is."""
     if isinstance(value, Deferred):
         return value.settled()
     if isinstance(value, dict):
-        return {key: settled(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [settled(item) for item in value]
+        found = {key: settled(item) for key, item in value.items()}
+        return value if all(found[key] is item for key, item in value.items()) else found
     return value
 
 
