@@ -193,6 +193,9 @@ SOURCE_SETS: dict[str, list[dict]] = {
                 drop_last=True),
     ],
     "sources-world2": [
+        # moved by skip_first_batches to its last step, it pads that step with the epoch's first sample, as
+        # Accelerate's own dispatcher does (which reads the skipped steps): compared by the parity check
+        _source("w2-dmap-seq-skip", data="map", dispatch=True, n=45, bs=4, skip=2),
         # rank 1's share of the last step is padded with the epoch's first sample
         _source("w2-dmap-drawn-split-skip", data="map", dispatch=True, n=23, bs=4, shuffle="drawn", split=True,
                 skip=2),
@@ -693,6 +696,7 @@ def check_reference(cfg: dict, reference: list[dict], found: Findings) -> None:
                       f"{delivered} (gather_for_metrics on the last batch), expected {expected} distinct ones")
         elif order is not None and delivered != order[:expected]:
             found.add(f"reference epoch {epoch}: ranks together delivered {delivered}, expected {order[:expected]}")
+    check_dispatched_padding(cfg, logs, found)
     for epoch in range(EPOCHS):
         steps = [s for s in reference if s["epoch"] == epoch]
         skipped = cfg["skip"] if epoch == 0 else 0
@@ -702,6 +706,26 @@ def check_reference(cfg: dict, reference: list[dict], found: Findings) -> None:
         if got != want:
             found.add(f"reference epoch {epoch} on this rank: (end_of_dataloader, sync_gradients, batches_yielded) "
                       f"per batch were {got}, expected {want}")
+
+
+def check_dispatched_padding(cfg: dict, logs: list[list[dict]], found: Findings) -> None:
+    """The dispatcher completes each epoch's last step with the epoch's first samples (``even_batches``), also in
+    an epoch the loader entered by ``skip_first_batches``, where it never read them: checked where the order is
+    known (unshuffled map-style data)."""
+    order = epoch_order(cfg, 0)
+    if not dispatches(cfg) or is_iterable(cfg) or cfg["drop_last"] or order is None:
+        return
+    world = len(logs)
+    total = cfg["bs"] if cfg["split"] else cfg["bs"] * world
+    real = cfg["n"] % total
+    if real == 0 or real % world == 0:
+        return  # the last step divides evenly: nothing is added
+    padded = order[cfg["n"] - real:] + order[:-(-real // world) * world - real]
+    for epoch in range(EPOCHS):
+        last = [[s for s in log if s["epoch"] == epoch][-1]["ids"] for log in logs]
+        if [i for ids in last for i in ids] != padded:
+            found.add(f"reference epoch {epoch}: the dispatcher's last step across ranks was {last}, expected "
+                      f"{padded}: its last samples completed with the epoch's first")
 
 
 def check_accelerate_parity(cfg: dict, reference: list[dict], ours_len: Optional[int], found: Findings) -> None:
@@ -825,7 +849,10 @@ def run_scenario(cfg: dict, root: Path, found: Findings) -> None:
     check_reference(cfg, reference, found)
     # Accelerate has no round-robin loader: its own would copy a RoundRobinDataset into every rank and worker,
     # which is what the source refuses, so there is no behaviour to be a drop-in for.
-    if cfg["shuffle"] == "off" and cfg["data"] != "round-robin":
+    # Accelerate's own dispatcher counts a skip in the batches of the loader it wraps, world_size of them to a
+    # step without split_batches; ours in its own steps, as len() counts them (check_dispatched_padding instead).
+    skips_differ = cfg["skip"] and dispatches(cfg) and not cfg["split"]
+    if cfg["shuffle"] == "off" and cfg["data"] != "round-robin" and not skips_differ:
         check_accelerate_parity(cfg, reference, ours_len, found)
 
     points = save_points(per_epoch)

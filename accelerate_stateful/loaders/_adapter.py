@@ -436,6 +436,13 @@ class DataLoaderAdapter:
         GradientState()._remove_dataloader(self)
         self._live_base = None
 
+    def _epoch_start_batches(self, count: int) -> list:
+        """Hook: this rank's first ``count`` batches of the current epoch (fewer in a shorter epoch), fetched
+        again in this process as its pass fetched them, moving nothing: what a dispatcher moved by ``seek``
+        pads its last step with. A loader that cannot read them without reading its data from the start (a
+        stream) refuses ``seek`` itself, so this is never asked of it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fetch its epoch's first batches again")
+
     def _open_base(self) -> Iterator[Any]:
         """An iterator over the base loader, remembered so that its workers can be stopped at once (a pass ended
         by an exception, the process's end: ``_workers``)."""

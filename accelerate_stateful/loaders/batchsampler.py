@@ -12,6 +12,7 @@ from ._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ..position._deal import Step, deal, rank_batches
 from ..position._order import mix_seed
+from ..training._rng import preserved_globals
 from ..position._sampler_rng import LEGACY_PATHS, drawn_twice, fingerprint, reseed, user_seed
 from ..checkpoint import _refusals
 from ._ordered import require_in_order
@@ -354,6 +355,14 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         self._refuse_past_end(num_batches)
         own = rank_batches(self._steps_of_epoch(), self.ctx.rank)
         self._steps = own[num_batches - 1][0] if num_batches else 0
+
+    def _epoch_start_batches(self, count: int) -> list:
+        own = rank_batches(self._steps_of_epoch(origin=0), self.ctx.rank)
+        feed = [batch for _, batch in own[:count]]
+        base = self._base
+        kind = {"sampler": feed, "batch_size": None} if base.batch_sampler is None else {"batch_sampler": feed}
+        with preserved_globals():  # the process's RNG streams are left as they were
+            return list(DataLoader(base.dataset, collate_fn=base.collate_fn, **kind))
 
 
 def _sampler_seed(batch_sampler: Any, dataset: Any) -> tuple[int, str]:

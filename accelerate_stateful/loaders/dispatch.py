@@ -170,14 +170,20 @@ class DispatchDataLoader(DataLoaderAdapter):
 
     def _step_from(self, source: Optional[Iterator], group: int) -> Optional[tuple[list, Any]]:
         """The next global batch (and the reader tokens it consumes), agreed on by every rank."""
+        def read() -> Optional[tuple[list, Any]]:
+            taken = [pair for _, pair in zip(range(group), source)]
+            if len(taken) == group or (taken and not self._drop_last):
+                return [token for token, _ in taken], concatenate([batch for _, batch in taken], dim=0)
+            return None
+
+        return self._agreed(read if source is not None else None)
+
+    def _agreed(self, read: Optional[Callable[[], Optional[tuple[list, Any]]]]) -> Optional[tuple[list, Any]]:
+        """What ``read`` gives on the main process (``None``: this rank does not read), sent to every rank."""
         found, failure = None, None
         try:
-            if source is not None:
-                taken = [pair for _, pair in zip(range(group), source)]
-                complete = len(taken) == group or (taken and not self._drop_last)
-                if complete:
-                    tokens = [token for token, _ in taken]
-                    found = (tokens, concatenate([batch for _, batch in taken], dim=0))
+            if read is not None:
+                found = read()
         except Exception as exc:  # sent to every rank below, where it is raised as this rank raises it
             if not self.ctx.is_collective:
                 raise
@@ -186,16 +192,28 @@ class DispatchDataLoader(DataLoaderAdapter):
             return found
         return broadcast_step(found, failure, self.ctx, self.device)
 
+    def _epoch_first(self) -> Any:
+        """The epoch's first step, fetched again by the reader on the main process and sent to every rank: the
+        padding of a last step where this pass did not begin at the epoch's start and no checkpoint gave it (a
+        loader moved by ``seek``). Every rank asks at the same step, the one whose batch needs it."""
+        def read() -> tuple[list, Any]:
+            return [], concatenate(self._reader._epoch_start_batches(self._group), dim=0)
+
+        return self._agreed(read if self._reads else None)[1]
+
     def _part(self, batch: Any, last: bool) -> Any:
         """This rank's slice of a global batch, completed with the epoch's first samples at the end."""
         world, rank = self.ctx.world_size, self.ctx.rank
         observed = find_batch_size(batch)
         per_rank = observed // world
-        if not self._drop_last and self._first is None:
+        if not self._drop_last and self._first is None and self._steps == 0:  # the epoch's first step
             self._first = self._slice_fn(batch, slice(0, world), process_index=rank, num_processes=world)
         if last:
             self.remainder = observed
             if not self._drop_last and observed % world != 0:
+                if self._first is None:
+                    self._first = self._slice_fn(self._epoch_first(), slice(0, world), process_index=rank,
+                                                 num_processes=world)
                 first = self._first
                 while find_batch_size(first) < world:  # saved on fewer processes: repeat it
                     first = concatenate([first, first], dim=0)
@@ -337,6 +355,8 @@ class DispatchDataLoader(DataLoaderAdapter):
         return self._reader._left_out()
 
     def _seek(self, num_batches: int) -> None:
+        if self._reader.mode in (S.STREAM_MODE, S.ROUND_ROBIN_MODE):
+            self._reader._seek(num_batches)  # refused, with the reason: a stream cannot be moved without reading it
         self._refuse_past_end(num_batches)
         read, steps = self._step_origin
         if num_batches < steps:
