@@ -124,13 +124,15 @@ class Accelerator(accelerate.Accelerator):
         if _untracked.leave_to_accelerate(data_loader, ctx, dispatch):
             return super().prepare_data_loader(data_loader, device_placement, slice_fn_for_dispatch)
         if dispatch:
-            loader = DispatchDataLoader.from_dataloader(data_loader, ctx, slice_fn=slice_fn_for_dispatch, **common)
+            loader = DispatchDataLoader.from_dataloader(data_loader, ctx, slice_fn=slice_fn_for_dispatch,
+                                                        pipeline_rng=self.pipeline_rng, **common)
         elif isinstance(data_loader.dataset, RoundRobinDataset):
             loader = RoundRobinLoader.from_dataloader(data_loader, ctx, **common)
         elif isinstance(data_loader.dataset, IterableDataset):
             loader = IterableShardDataLoader.from_dataloader(data_loader, ctx, **common)
         elif uses_batch_sampler(data_loader):
-            loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches, **common)
+            loader = BatchSamplerDataLoader.from_dataloader(data_loader, ctx, even_batches=self.even_batches,
+                                                            pipeline_rng=self.pipeline_rng, **common)
         else:
             loader = ShardDataLoader.from_dataloader(
                 data_loader, ctx, even_batches=self.even_batches, pipeline_rng=self.pipeline_rng,

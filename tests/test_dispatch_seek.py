@@ -34,19 +34,11 @@ class Augmented(Dataset):
         return i * 10**6 + random.randrange(1000) * 1000 + int(torch.randint(0, 1000, ()))
 
 
-class Ids(Augmented):
-    """Sample ``i``: its id times a million. A loader over a user's ``batch_sampler`` has no scope for its
-    pipeline's randomness (``pipeline_rng`` is the shard loader's), so only its samples are compared."""
-
-    def __getitem__(self, i: int) -> int:
-        return i * 10**6
-
-
 def _dispatcher(cfg: dict, rank: int) -> DispatchDataLoader:
     n, bs, workers = cfg["n"], cfg["bs"], cfg["workers"]
     if cfg["sampler"] == "batch_sampler":
         batches = BatchSampler(RandomSampler(range(n), generator=torch.Generator().manual_seed(3)), bs, False)
-        dl = DataLoader(Ids(n), batch_sampler=batches, num_workers=workers)
+        dl = DataLoader(Augmented(n), batch_sampler=batches, num_workers=workers)
     else:
         dl = DataLoader(Augmented(n), batch_size=bs, shuffle=True, num_workers=workers,
                         generator=torch.Generator().manual_seed(5))

@@ -12,10 +12,11 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, get_worker_info
 
 from accelerate_stateful import (
     Accelerator,
+    BatchSamplerDataLoader,
     DispatchDataLoader,
     DistContext,
     IterableShardDataLoader,
@@ -64,10 +65,26 @@ class BatchedDraws(GlobalDraws):
         return [torch.tensor([i, draw_globals()]) for i in indices]
 
 
-def loader(dataset, ctx=DistContext(0, 1), workers=0, mode="auto", **kw) -> ShardDataLoader:
-    base = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers,
-                      generator=torch.Generator().manual_seed(SEED), **kw)
-    return ShardDataLoader.from_dataloader(base, ctx, pipeline_rng=mode)
+class WholeBatchDraws(GlobalDraws):
+    """Given each batch's index list whole (a batch sampler passed as ``sampler=``), drawing per sample."""
+
+    def __getitem__(self, indices: list) -> torch.Tensor:
+        return torch.stack([GlobalDraws.__getitem__(self, i) for i in indices])
+
+
+def loader(dataset, ctx=DistContext(0, 1), workers=0, mode="auto", kind="shard", **kw):
+    """The shard loader over a shuffled ``DataLoader``; ``kind="batch_sampler"``: the loader over a user's
+    ``batch_sampler``, ``"as_sampler"``: one passed as ``sampler=`` (the dataset gets whole index lists)."""
+    if kind == "shard":
+        base = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers,
+                          generator=torch.Generator().manual_seed(SEED), **kw)
+        return ShardDataLoader.from_dataloader(base, ctx, pipeline_rng=mode)
+    batches = BatchSampler(RandomSampler(range(SAMPLES), generator=torch.Generator().manual_seed(SEED)), BATCH, False)
+    if kind == "as_sampler":
+        base = DataLoader(WholeBatchDraws(), sampler=batches, batch_size=None, num_workers=workers, **kw)
+    else:
+        base = DataLoader(dataset, batch_sampler=batches, num_workers=workers, **kw)
+    return BatchSamplerDataLoader.from_dataloader(base, ctx, pipeline_rng=mode)
 
 
 def epochs(dl, count=2, stop=None, saved=None) -> list[list[list[int]]]:
@@ -97,12 +114,15 @@ def resumed(make, stop) -> list:
 
 # workers=0 with "auto" adds nothing: there the draws are the main process's own RNG stream, which
 # Accelerate's load_state restores (test_bitwise.py covers it end to end).
-@pytest.mark.parametrize("workers,mode", [(2, "auto"), (0, "batch"), (2, "batch"), (0, "sample"), (2, "sample")],
-                         ids=lambda v: str(v))
+# A dataset given whole batches cannot be seeded per sample: refused (test_an_unknown_mode_and_per_sample_...).
+@pytest.mark.parametrize("kind,workers,mode", [
+    (kind, workers, mode) for kind in ("shard", "batch_sampler", "as_sampler")
+    for workers, mode in [(2, "auto"), (0, "batch"), (2, "batch"), (0, "sample"), (2, "sample")]
+    if not (kind == "as_sampler" and mode == "sample")], ids=lambda v: str(v))
 @pytest.mark.parametrize("stop", [(0, 2), (0, 7), (1, 1)], ids=["early", "last-batch", "next-epoch"])
-def test_global_draws_in_getitem_are_reproduced_after_a_mid_epoch_resume(workers, mode, stop):
-    uninterrupted = epochs(loader(GlobalDraws(), workers=workers, mode=mode))
-    assert resumed(lambda: loader(GlobalDraws(), workers=workers, mode=mode), stop) == uninterrupted
+def test_global_draws_in_getitem_are_reproduced_after_a_mid_epoch_resume(kind, workers, mode, stop):
+    uninterrupted = epochs(loader(GlobalDraws(), workers=workers, mode=mode, kind=kind))
+    assert resumed(lambda: loader(GlobalDraws(), workers=workers, mode=mode, kind=kind), stop) == uninterrupted
 
 
 def test_without_seeding_workers_restart_their_rng_and_a_resume_draws_other_values():
@@ -168,6 +188,9 @@ def test_an_unknown_mode_and_per_sample_seeding_of_a_batched_dataset_are_refused
     with pytest.raises(UnsupportedConfigError, match=r"BatchedDraws fetches whole batches with __getitems__; use "
                                                      r"pipeline_rng='batch', or sample_rng"):
         loader(BatchedDraws(), mode="sample")
+    with pytest.raises(UnsupportedConfigError, match=r"WholeBatchDraws is given whole batches by its sampler; use "
+                                                     r"pipeline_rng='batch', or sample_rng"):
+        loader(GlobalDraws(), mode="sample", kind="as_sampler")
 
 
 def test_a_dataset_fetching_whole_batches_is_reproduced_per_batch_with_workers():

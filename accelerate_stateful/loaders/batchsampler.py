@@ -12,7 +12,8 @@ from ._adapter import DataLoaderAdapter
 from .._context import DistContext
 from ..position._deal import Step, deal, rank_batches
 from ..position._order import mix_seed
-from ..training._rng import preserved_globals
+from ..training._rng import PipelineRNG
+from ._refetch import fetched_again
 from ..position._sampler_rng import LEGACY_PATHS, drawn_twice, fingerprint, reseed, user_seed
 from ..checkpoint import _refusals
 from ._ordered import require_in_order
@@ -91,6 +92,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         split_batches: bool = False,
         device: Optional[torch.device] = None,
         non_blocking: bool = False,
+        pipeline_rng: str = "auto",
         **loader_settings: Any,
     ) -> None:
         require_in_order(loader_settings)
@@ -105,6 +107,8 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         feed = {"sampler": self._feed, "batch_size": None} if as_sampler else {"batch_sampler": self._feed}
         base = DataLoader(dataset, generator=self._worker_generator, **feed, **loader_settings)
         super().__init__(base, ctx, seed=seed, seed_source=seed_source, device=device, non_blocking=non_blocking)
+        self._as_sampler = as_sampler
+        self._pipeline = PipelineRNG(pipeline_rng, self.num_workers, dataset, whole_batches=as_sampler)
         self._origin = 0
         self._steps = 0
         self._cache: tuple[Any, Any] = (None, None)
@@ -125,6 +129,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         split_batches: bool = False,
         even_batches: bool = True,
         data_seed: Optional[int] = None,
+        pipeline_rng: str = "auto",
     ) -> "BatchSamplerDataLoader":
         """Build the loader that replaces a user's ``DataLoader(batch_sampler=...)`` in ``prepare``."""
         from ..position._order import choose_seed
@@ -140,7 +145,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         return cls(
             dataloader.dataset, batch_sampler, ctx=ctx, seed=seed, seed_source=seed_source, as_sampler=as_sampler,
             even_batches=even_batches, split_batches=split_batches, device=device, non_blocking=non_blocking,
-            **settings,
+            pipeline_rng=pipeline_rng, **settings,
         )
 
     def _check_split(self, world: int, where: str = "") -> None:
@@ -210,16 +215,22 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
     def _batches(self) -> Iterator[Any]:
         own = rank_batches(self._steps_of_epoch(), self.ctx.rank, self._steps)
         last = own[-1][0] if own else None
-        for step, batch in self._open_pass():
+        for step, batch in self._open_pass(read_ahead=False):
             self._commit(step)
             self.end_of_dataloader = step == last
             yield self._place(batch)
 
-    def _open_pass(self) -> Iterator[tuple[int, Any]]:
+    def _open_pass(self, read_ahead: bool = True) -> Iterator[tuple[int, Any]]:
         own = rank_batches(self._steps_of_epoch(), self.ctx.rank, self._steps)
-        self._feed.batches = [batch for _, batch in own]
+        # What a batch's pipeline randomness is drawn from (``training/_rng``), as the shard loader's: (seed, epoch,
+        # rank, origin) and its step. A rank's steps are consecutive (one without a batch at a step has none after
+        # it), so the fetch counts them as the tags do.
+        where = (self._seed, self._epoch, self.ctx.rank, self._origin)
+        tag = self._pipeline.tagger(where)
+        self._feed.batches = [batch if tag is None else tag(step, batch) for step, batch in own]
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
-        for (step, _), batch in zip(own, self._open_base()):
+        fetched = self._pipeline.fetch(self._open_base(), where, own[0][0] if own else 0, read_ahead)
+        for (step, _), batch in zip(own, fetched):
             yield step, batch
 
     def _commit(self, token: int) -> None:
@@ -357,12 +368,10 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
         self._steps = own[num_batches - 1][0] if num_batches else 0
 
     def _epoch_start_batches(self, count: int) -> list:
-        own = rank_batches(self._steps_of_epoch(origin=0), self.ctx.rank)
-        feed = [batch for _, batch in own[:count]]
-        base = self._base
-        kind = {"sampler": feed, "batch_size": None} if base.batch_sampler is None else {"batch_sampler": feed}
-        with preserved_globals():  # the process's RNG streams are left as they were
-            return list(DataLoader(base.dataset, collate_fn=base.collate_fn, **kind))
+        own = rank_batches(self._steps_of_epoch(origin=0), self.ctx.rank)[:count]
+        where = (self._seed, self._epoch, self.ctx.rank, 0)
+        return fetched_again(self._pipeline.mode, self._base.dataset, self._base.collate_fn, where,
+                             own[0][0] if own else 0, [batch for _, batch in own], as_sampler=self._as_sampler)
 
 
 def _sampler_seed(batch_sampler: Any, dataset: Any) -> tuple[int, str]:

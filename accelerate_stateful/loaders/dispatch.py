@@ -86,6 +86,7 @@ class DispatchDataLoader(DataLoaderAdapter):
         split_batches: bool = False,
         data_seed: Optional[int] = None,
         slice_fn: Optional[Callable] = None,
+        pipeline_rng: str = "auto",
     ) -> "DispatchDataLoader":
         """Build the dispatcher that replaces a user's ``DataLoader`` in ``prepare``."""
         from .batchsampler import BatchSamplerDataLoader, uses_batch_sampler
@@ -102,9 +103,10 @@ class DispatchDataLoader(DataLoaderAdapter):
             reader = IterableShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed,
                                                              read_ahead=_step_batches(split_batches, ctx))
         elif uses_batch_sampler(dataloader):
-            reader = BatchSamplerDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+            reader = BatchSamplerDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed,
+                                                            pipeline_rng=pipeline_rng)
         else:
-            reader = ShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed)
+            reader = ShardDataLoader.from_dataloader(dataloader, alone, data_seed=data_seed, pipeline_rng=pipeline_rng)
         if ctx.world_size > 1:  # only the main process reads: its seed is the one every rank records
             reader._seed = ctx.broadcast(reader.seed)
         return cls(

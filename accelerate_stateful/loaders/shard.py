@@ -16,7 +16,8 @@ from ..position._distributed import DistributedOrder, owns_sharding, share_lengt
 from ..position._order import SHUFFLES, EpochOrder, SamplerOrder, choose_seed, mix_seed, order_for
 from ..position._sampler_rng import fingerprint
 from ._ordered import require_in_order
-from ..training._rng import PipelineRNG, preserved_globals
+from ..training._rng import PipelineRNG
+from ._refetch import fetched_again
 from ..position import _skips
 from ..position._plan import ShardPlan
 from ..checkpoint import _refusals
@@ -511,15 +512,11 @@ class ShardDataLoader(DataLoaderAdapter):
 
     def _epoch_start_batches(self, count: int) -> list:
         plan = self._plan_from(0)
-        where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
-        # Fetched in this process as a dispatcher's reader fetches (``read_ahead``): in each batch's scope, which a
-        # worker applies alike (``_rng._arrive``); the process's own RNG streams are left as they were.
-        pipeline = PipelineRNG(self._pipeline.mode, 0, self._base.dataset)
         sampler = _PlanBatchSampler()
-        sampler.set_pass(self._pass_indices(), plan, 0, pipeline.tagger(where))
-        base = DataLoader(self._base.dataset, batch_sampler=sampler, collate_fn=self._base.collate_fn)
-        with preserved_globals():
-            return list(itertools.islice(pipeline.fetch(iter(base), where, 0, read_ahead=True), count))
+        sampler.set_pass(self._pass_indices(), plan, 0, None)
+        batches = list(itertools.islice(sampler, count))
+        where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
+        return fetched_again(self._pipeline.mode, self._base.dataset, self._base.collate_fn, where, 0, batches)
 
 
 def loader_settings(dataloader: DataLoader) -> dict:

@@ -233,13 +233,13 @@ class PipelineRNG:
         dataset: The dataset, checked for what ``mode`` needs.
     """
 
-    def __init__(self, mode: str, num_workers: int, dataset: Any) -> None:
+    def __init__(self, mode: str, num_workers: int, dataset: Any, whole_batches: bool = False) -> None:
         check_mode(mode)
-        if mode == "sample" and getattr(dataset, "__getitems__", None):
+        if mode == "sample" and (whole_batches or getattr(dataset, "__getitems__", None)):
+            how = "is given whole batches by its sampler" if whole_batches else "fetches whole batches with __getitems__"
             raise UnsupportedConfigError(
                 f"pipeline_rng='sample' seeds the RNGs before each dataset[i], but {type(dataset).__name__} "
-                "fetches whole batches with __getitems__; use pipeline_rng='batch', or sample_rng(index) "
-                "inside the dataset"
+                f"{how}; use pipeline_rng='batch', or sample_rng(index) inside the dataset"
             )
         self.mode = mode
         self.in_workers = num_workers > 0
