@@ -8,6 +8,11 @@ rounds. Writing the checkpoint takes a minute or two on 2 cores.
 
     python benchmarks/bench_samples_shuffled.py                  # steps 10000, 5000 and 0, 5 rounds
     python benchmarks/bench_samples_shuffled.py --buffer-size 0  # the Mixture read as it is, no Shuffled
+    python benchmarks/bench_samples_shuffled.py --buffer-size 0 --packed 128   # Packed(Mixture), rows of 128
+
+With ``--packed`` each source's document ``i`` is ``1 + i % 97`` tokens, the rows are packed from the mixture
+(``Packed(Mixture(...), seq_len)``), and ``samples`` names each step's pieces of documents from the marks the
+packer's shares noted at each batch's end; the size of one rank's saved state is printed too.
 """
 
 from __future__ import annotations
@@ -22,17 +27,35 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import DistContext, IterableShardDataLoader, Mixture, Shuffled
+from accelerate_stateful import DistContext, IterableShardDataLoader, Mixture, Packed, Shuffled
 from accelerate_stateful.checkpoint import _files
 
 
-def checkpoint(folder: Path, steps: int, buffer_size: int, world: int = 2, batch_size: int = 32) -> Path:
+class Documents:
+    """Map-style: document ``i`` is ``1 + i % 97`` tokens, each the document's number."""
+
+    def __init__(self, size: int, base: int) -> None:
+        self.size, self.base = size, base
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> list[int]:
+        return [self.base + i] * (1 + i % 97)
+
+
+def checkpoint(folder: Path, steps: int, buffer_size: int, world: int = 2, batch_size: int = 32,
+               packed: int = 0) -> Path:
     size = 1_000_000
     states = []
     for rank in range(world):
-        mix = Mixture({"books": range(size), "code": range(size, 2 * size), "web": range(2 * size, 3 * size)},
-                      {"books": 1, "code": 2, "web": 5}, seed=11)
+        if packed:
+            data = {"books": Documents(size, 0), "code": Documents(size, size), "web": Documents(size, 2 * size)}
+        else:
+            data = {"books": range(size), "code": range(size, 2 * size), "web": range(2 * size, 3 * size)}
+        mix = Mixture(data, {"books": 1, "code": 2, "web": 5}, seed=11)
         source = Shuffled(mix, buffer_size, seed=3) if buffer_size else mix
+        source = Packed(source, packed) if packed else source
         loader = IterableShardDataLoader.from_dataloader(DataLoader(source, batch_size=batch_size),
                                                          DistContext(rank, world))
         it = iter(loader)
@@ -62,11 +85,13 @@ def main() -> None:
     parser.add_argument("--buffer-size", type=int, default=10_000, help="0: no Shuffled, the Mixture itself")
     parser.add_argument("--ask", type=int, nargs="+", default=[10_000, 5_000, 0], help="the steps asked")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--packed", type=int, default=0, help="pack the rows: their seq_len (0: not packed)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        ckpt = checkpoint(Path(tmp) / "ckpt", args.steps, args.buffer_size)
-        print(f"checkpoint written in {time.perf_counter() - start:.0f} s")
+        ckpt = checkpoint(Path(tmp) / "ckpt", args.steps, args.buffer_size, packed=args.packed)
+        print(f"checkpoint written in {time.perf_counter() - start:.0f} s; one rank's loader state: "
+              f"{sum(map(len, _files.encode_state(_files.read_loader_state(ckpt, 0, 0)).values())):,} bytes")
         print("| `samples --rank 0 --step N` | wall time (median) |\n| --- | --- |")
         for step in args.ask:
             print(f"| `--step {step}` | {timed(ckpt, step, args.rounds):.2f} s |", flush=True)

@@ -158,11 +158,8 @@ def _even(item: int) -> bool:
     return item % 2 == 0
 
 
+# An outermost Packed is answered (test_cli_samples_packed), one saved before packers counted documents refused.
 @pytest.mark.parametrize("outer, message", [
-    pytest.param(lambda: Packed(Mixture({"a": [[i] * 3 for i in range(99)], "c": [[i] * 2 for i in range(99)]},
-                                        {"a": 1, "c": 1}), 2),
-                 "outermost source is a Packed: which documents a packed row is cut from depends on the documents' "
-                 "lengths", id="packed"),
     pytest.param(lambda: __import__("accelerate_stateful").Filtered(_simple(), _even),
                  "outermost source is a Filtered: which items a Filtered keeps depends on its predicate", id="filtered"),
 ])

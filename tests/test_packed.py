@@ -69,8 +69,9 @@ def test_position_ids_restart_at_each_document_and_each_row_and_the_carry_is_in_
     packed = Packed(docs, seq_len=4)
     rows = iter(packed)
     assert as_tuples([next(rows)]) == [([1, 2, 3, 4], [0, 1, 2, 0])]
+    # three documents read this epoch (one empty); the carry begins at token 1 of the third (index 2)
     assert packed.state_dict() == {"index": 1, "position": {"source": 3, "carry": [5, 6, 7, 8, 9, 10, 11, 12],
-                                                                  "seq_len": 4}}
+                                                                  "seq_len": 4, "documents": 3, "offset": 1}}
     assert as_tuples(rows) == [([5, 6, 7, 8], [0, 1, 2, 3]), ([9, 10, 11, 12], [0, 1, 2, 3])]
     assert as_tuples(Packed(docs, seq_len=5, last="pad", pad_id=0)) == [
         ([1, 2, 3, 4, 5], [0, 1, 2, 0, 1]), ([6, 7, 8, 9, 10], [0, 1, 2, 3, 4]), ([11, 12, 13, 0, 0], [0, 1, 0, 0, 1])]

@@ -118,6 +118,10 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_dispatched.py": "a dispatcher's steps as dataset indices for samples, without torch (docs/cli.md)",
     "cli/_streams.py": "a Mixture stream's taken steps as the mixture's sample indices, for samples (docs/cli.md)",
     "cli/_composed.py": "each sample of a Mixture as its source and document, from saved positions (docs/cli.md)",
+    "cli/_packed.py": "a Packed stream's steps as pieces of documents, from the marks its packer noted "
+                      "(docs/cli.md)",
+    "loaders/_refetch.py": "an epoch's first batches fetched again as its pass fetched them, the padding of a "
+                           "dispatcher moved by seek; part of dispatch.py",
     "cli/_diff.py": "the command line's diff (docs/cli.md)",
     "cli/_carry.py": "the command line's size of a carried gradient, without torch (docs/cli.md)",
     "cli/_check_resume.py": "check-resume runs the user's command, kills and resumes it (docs/check-resume.md)",

@@ -35,6 +35,9 @@ _OPAQUE = (
                                     "which the checkpoint does not record"),
     ({"source", "carry", "seq_len"}, "Packed", "which documents a packed row is cut from depends on the "
                                                "documents' lengths, which the checkpoint does not record"),
+    ({"source", "carry", "seq_len", "documents", "offset"}, "Packed",
+     "which documents a packed row below another source is cut from depends on the documents' lengths, which "
+     "the checkpoint records only for the outermost source's steps"),
     ({"source", "kept", "dropped"}, "Filtered", "which items a Filtered keeps depends on its predicate applied "
                                                 "to the data, which the checkpoint does not record"),
     ({"from", "from_read", "read", "slots", "draws", "ended"}, "Shuffled",
@@ -53,6 +56,12 @@ PYTHON_SWEEP = 20_000
 
 class Unknown(str):
     """Why an item's document cannot be named from the checkpoint (in the user's terms)."""
+
+
+def is_packed(position: Any) -> bool:
+    """A ``Packed`` position that counts its documents (written from this release on): as the outermost source,
+    its steps are named from the marks of the blocks' ends (``_packed``)."""
+    return isinstance(position, Mapping) and {"source", "carry", "documents", "offset"} <= set(position)
 
 
 def is_mixture(position: Any) -> bool:

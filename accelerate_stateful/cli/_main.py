@@ -36,7 +36,7 @@ from typing import Callable, Optional, Sequence
 
 from ..checkpoint import _integrity
 from ..checkpoint import _state as S
-from . import _check_resume, _composed, _dispatched, _indices, _streams
+from . import _check_resume, _composed, _dispatched, _indices, _packed, _streams
 from ._position import with_reader
 from ._diff import diff_reports, format_diff
 from ._read import (Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint,
@@ -261,16 +261,22 @@ def _composed_samples(ckpt: Checkpoint, states: list, ranks: Sequence[int], worl
                 f"checkpoint does not record; ask for a step from 0 to {layout.taken - 1}, or --consumed"
             )
         steps = range(layout.taken) if args.consumed else [args.step]
-        items = [_streams.step_items(layout, step) for step in steps]
-        named = iter(_composed.name_items(list(layout.anchors), [k for ks in items for k in ks], layout.epoch))
-        batches = [{"step": step, "indices": ks, "samples": [dict(next(named), index=k) for k in ks]}
-                   for step, ks in zip(steps, items)]
+        if any(_composed.is_packed(anchor) for anchor in layout.anchors):
+            datasets = [None if snap is None else snap["dataset"]
+                        for snap in _streams.reader_stream(with_reader(states, rank))["snapshots"]]
+            batches = [dict(_packed.step_pieces(layout, datasets, step), step=step) for step in steps]
+        else:
+            items = [_streams.step_items(layout, step) for step in steps]
+            named = iter(_composed.name_items(list(layout.anchors), [k for ks in items for k in ks], layout.epoch))
+            batches = [{"step": step, "indices": ks, "samples": [dict(next(named), index=k) for k in ks]}
+                       for step, ks in zip(steps, items)]
         found.append({"rank": rank, "batches_taken": layout.taken, "batches_in_epoch": None, "stripe_origin": 0,
                       "batches": batches})
     out = {"schema_version": SCHEMA_VERSION, "checkpoint": str(ckpt.path), "loader": args.loader,
            "epoch": states[0][S.EPOCH], "world_size": world, "elastic": False, "ranks": found}
     _print(out, args.json, _format_samples(out))
-    unknown = [s["unknown"] for r in found for b in r["batches"] for s in b["samples"] if s.get("unknown")]
+    unknown = [s["unknown"] for r in found for b in r["batches"] for s in b.get("samples", b.get("pieces"))
+               if s.get("unknown")]
     return _fail(unknown[0], NOT_APPLICABLE) if unknown else OK
 
 
@@ -281,15 +287,28 @@ def _format_samples(out: dict) -> str:
         of = "" if rank["batches_in_epoch"] is None else f" of {rank['batches_in_epoch']}"
         lines.append(f"# loader {out['loader']}, rank {rank['rank']} of {out['world_size']}{elastic}, epoch "
                      f"{out['epoch']}: {rank['batches_taken']}{of} batches taken")
-        if rank["batches_in_epoch"] is None:
+        if rank["batches_in_epoch"] is None and any("pieces" in b for b in rank["batches"]):
+            lines.append("# each step's packed rows as the pieces of documents they were cut from, "
+                         "source:document[start:stop] (token offsets; whole documents without them)")
+        elif rank["batches_in_epoch"] is None:
             lines.append("# each sample as source:document (the document's index in that source's order this "
                          "epoch; (item N): its N-th item this epoch, where the checkpoint cannot tell which document)")
         if rank["stripe_origin"]:
             lines.append(f"# steps count from sample {rank['stripe_origin']} of the epoch: the samples before it "
                          "were taken on another number of processes")
         lines += [f"step {b['step']}: {' '.join(_shown(b, i) for i in range(len(b['indices'])))}"
+                  if "pieces" not in b else
+                  f"step {b['step']} ({b['rows']}): {' '.join(_piece(p) for p in b['pieces'])}"
                   for b in rank["batches"]]
     return "\n".join(lines)
+
+
+def _piece(piece: dict) -> str:
+    """A piece of a document a packed step holds: ``source:document``, with its token span where partial."""
+    document = piece["document"] if piece["document"] is not None else f"(item {piece['item']})"
+    span = "" if piece["start"] == 0 and piece["stop"] is None else \
+        f"[{piece['start'] or ''}:{'' if piece['stop'] is None else piece['stop']}]"
+    return f"{document}{span}" if piece["source"] is None else f"{piece['source']}:{document}{span}"
 
 
 def _shown(batch: dict, i: int) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from ..checkpoint import _state as S
 from ..position._skips import of_epoch
-from ._composed import is_named, opaque_kind
+from ._composed import is_named, is_packed, opaque_kind
 from ._read import NotAnswerable
 
 
@@ -63,6 +63,11 @@ def _reader(state: Mapping[str, Any]) -> Any:
     return state if isinstance(state, Mapping) and state.get(S.MODE) == S.STREAM_MODE else None
 
 
+def reader_stream(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The stream's saved state of a stream loader, or of a dispatcher's reader."""
+    return _reader(state)[S.STREAM]
+
+
 def layout(state: Mapping[str, Any], world: int) -> Layout:
     """The layout of the rank whose state this is, after checking the saved counts agree with it."""
     reader, dispatched = _reader(state), state[S.MODE] == S.DISPATCH_MODE
@@ -92,14 +97,14 @@ def layout(state: Mapping[str, Any], world: int) -> Layout:
 
 def _refuse_opaque(outer: list) -> None:
     for position in outer:
-        if position is None or is_named(position):
+        if position is None or is_named(position) or is_packed(position):
             continue
         opaque = opaque_kind(position)
         why = f"its outermost source is a {opaque[0]}: {opaque[1]}" if opaque else "its outermost source's position " \
               "is not one samples can read"
         raise NotAnswerable(f"this stream's samples cannot be named from the checkpoint: {why}; samples names "
                             "the source and document of each sample of a Mixture or a Shuffled (with any sources "
-                            "below it)")
+                            "below it), and the documents of a Packed's steps")
 
 
 def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, Any]) -> None:

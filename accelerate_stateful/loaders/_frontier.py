@@ -50,8 +50,24 @@ def frontier(stream: Mapping[str, Any]) -> Optional[tuple[dict, int, int, int]]:
     return states[(total - 1) % shares], origin + total * block, origin, block
 
 
-def regrouped(snapshot: dict, start: int, block: int, shares: int) -> list[dict]:
-    """``shares`` starting snapshots, each the sequence at ``start``, dealt in blocks of ``block`` from there."""
+def regrouped(snapshot: dict, start: int, block: int, shares: int, marks: list) -> list[dict]:
+    """``shares`` starting snapshots, each the sequence at ``start``, dealt in blocks of ``block`` from there; the
+    first holds the epoch's ``marks`` so far (:func:`marks_of`), the others go on with none."""
     dataset = dict(snapshot["dataset"], index=start, origin=start, block=block)
     dataset.pop("skip", None)
-    return [dict(snapshot, dataset=dict(dataset)) for _ in range(shares)]
+    dataset.pop("marks", None)
+    found = [dict(snapshot, dataset=dict(dataset)) for _ in range(shares)]
+    if marks:
+        found[0]["dataset"]["marks"] = list(marks)
+    return found
+
+
+def marks_of(stream: Mapping[str, Any]) -> list[int]:
+    """Every share's marks of the epoch (``sources._global``: where the sequence stood at the end of each block
+    a share handed out), merged in index order."""
+    triples = set()
+    for snap in stream["snapshots"]:
+        dataset = None if snap is None else unpack(snap).get("dataset")
+        marks = dataset.get("marks", []) if isinstance(dataset, Mapping) else []
+        triples.update(tuple(marks[i:i + 3]) for i in range(0, len(marks), 3))
+    return [value for triple in sorted(triples) for value in triple]

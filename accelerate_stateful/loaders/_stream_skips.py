@@ -54,13 +54,14 @@ def with_ranges(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[i
     return _with_source_field(snapshots, skip=[list(r) for r in ranges])
 
 
-def _with_source_field(snapshots: Sequence[Optional[dict]], **field: Any) -> list[Optional[dict]]:
-    """Each share's starting snapshot with ``field`` set in its source state; a share starting the epoch
-    (``None``) gets the source's starting state with it."""
+def _with_source_field(snapshots: Sequence[Optional[dict]], keep: bool = False, **field: Any) -> list[Optional[dict]]:
+    """Each share's starting snapshot with ``field`` set in its source state (``keep``: where it has none yet); a
+    share starting the epoch (``None``) gets the source's starting state with it."""
     found: list[Optional[dict]] = []
     for snapshot in snapshots:
         snap = None if snapshot is None else unpack(snapshot)
-        state = dict((snap or {}).get("dataset") or {"index": 0, "position": None}, **field)
+        state = dict((snap or {}).get("dataset") or {"index": 0, "position": None})
+        state.update({key: value for key, value in field.items() if not (keep and key in state)})
         found.append(dict(snap or {"items": 0, "ended": False}, dataset=state))
     return found
 
@@ -82,6 +83,13 @@ def with_block(snapshots: Sequence[Optional[dict]], block: int) -> list[Optional
     if block == 1:
         return list(snapshots)
     return _with_source_field(snapshots, block=block)
+
+
+def with_marks(snapshots: Sequence[Optional[dict]]) -> list[Optional[dict]]:
+    """The shares' starting snapshots asking the outermost source to note where the sequence stands at the end of
+    each block (``sources._global``: ``marks``, what ``samples`` names a packed row's documents by); the marks
+    a share already has are kept."""
+    return _with_source_field(snapshots, keep=True, marks=[])
 
 
 def already_delivered(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[int]]) -> list[str]:

@@ -261,6 +261,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
             snapshots = _stream_skips.with_ranges(snapshots, _skips.of_epoch(self._skips, self._epoch))
             # The blocks dealt to the workers are one worker batch's items: the same batches on any num_workers.
             snapshots = _stream_skips.with_block(snapshots, _stream_skips.epoch_block(snapshots, self._block()))
+            snapshots = _stream_skips.with_marks(snapshots)
         for line in lines if self.ctx.is_main else ():
             logger.warning("%s", line)
         starts = [
@@ -462,7 +463,7 @@ class IterableShardDataLoader(DataLoaderAdapter):
         before, history = pos.batches, pos.regrouped + [[pos.before, origin, old_block, saved_world]]
         pos.reset()
         pos.before, pos.regrouped = before, history
-        pos.snapshots = _frontier.regrouped(snapshot, start, block, pos.num_logical)
+        pos.snapshots = _frontier.regrouped(snapshot, start, block, pos.num_logical, _frontier.marks_of(stream))
 
     def _rewind(self) -> None:
         self._position.reset()

@@ -46,6 +46,7 @@ so what every share keeps outside the ranges does not move.
 
 from __future__ import annotations
 
+import array
 import bisect
 import contextlib
 import copy
@@ -54,7 +55,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import CheckpointError, UnsupportedConfigError
-from ._recorded import recorded
+from ._recorded import Prefix, recorded
 from .indexed import Indexed, as_indexed, stream_library
 
 
@@ -68,6 +69,10 @@ class Cursor(Protocol):
 
     # Optional: ``split(keeps)``, called once before the first item when the cursor is the outermost one of a
     # worker's share; ``keeps(k)`` says whether the share hands out the item of global index ``k``.
+
+
+def _position(cursor: Cursor) -> Any:
+    return cursor.position()
 
 
 def share_of(k: int, workers: int, block: int = 1, origin: int = 0) -> int:
@@ -303,7 +308,7 @@ class GlobalStream(IterableDataset):
 
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict:
-        return self._state(lambda cursor: cursor.position())
+        return self._state(_position)
 
     def recorded_state(self) -> dict:
         """:meth:`state_dict` as the loader records it after every batch: parts that cost to put in JSON-able
@@ -313,7 +318,7 @@ class GlobalStream(IterableDataset):
     def _state(self, position: Callable[[Any], Any]) -> dict:
         live = self.__dict__.get("_live")
         if live is not None:
-            cursor, index, skip, block, origin = live
+            cursor, index, skip, block, origin, marks = live
             state = {"index": index[0], "position": position(cursor)}
             if skip:
                 state["skip"] = [list(r) for r in skip]
@@ -321,6 +326,8 @@ class GlobalStream(IterableDataset):
                 state["block"] = block
             if origin:
                 state["origin"] = origin
+            if marks is not None:
+                state["marks"] = marks.tolist() if position is _position else Prefix(marks, len(marks))
             return state
         start = self.__dict__.get("_start")
         return copy.deepcopy(start) if start is not None else {"index": 0, "position": None}
@@ -355,8 +362,16 @@ class GlobalStream(IterableDataset):
         if callable(getattr(cursor, "split", None)):
             cursor.split(keeps)
         index = [start["index"]]  # shared with state_dict(): the global index of the next item
-        self._live = (cursor, index, skip, block, origin)
-        return self._split(cursor, index, keeps)
+        mark = getattr(cursor, "mark", None)
+        # Noted where the loader asks (``"marks"`` in the starting state): per block of a worker batch there, where
+        # item by item (a source iterated on its own) the log would grow with every item.
+        marks = array.array("q", start["marks"]) if callable(mark) and "marks" in start else None
+        self._live = (cursor, index, skip, block, origin, marks)
+        if marks is None:
+            return self._split(cursor, index, keeps)
+        ends = share_filter(workers, worker, (), block, origin)  # this share's blocks, items left out or not
+        return self._split_marked(cursor, index, keeps, lambda k: (k + 1 - origin) % block == 0 and ends(k),
+                                  mark, marks)
 
     @staticmethod
     def _split(cursor: Cursor, index: list, keeps: Callable[[int], bool]) -> Iterator[Any]:
@@ -369,8 +384,31 @@ class GlobalStream(IterableDataset):
             if keeps(index[0] - 1):
                 yield item
 
+    @staticmethod
+    def _split_marked(cursor: Cursor, index: list, keeps: Callable[[int], bool], ends: Callable[[int], bool],
+                      mark: Callable[[], Any], marks: array.array) -> Iterator[Any]:
+        """:meth:`_split`, noting after the last item of each of this share's blocks (``ends``) where the sequence
+        stands (the cursor's ``mark()``) as ``(index, *mark)`` in ``marks``, before the item is handed out: the
+        batch it ends is recorded with it."""
+        while True:
+            try:
+                item = next(cursor)
+            except StopIteration:
+                return
+            k = index[0]
+            index[0] = k + 1
+            if ends(k):
+                at = mark()
+                if at is not None:
+                    marks.extend((k + 1, *at))
+            if keeps(k):
+                yield item
 
-STATE_KEYS = frozenset({"index", "position", "skip", "block", "origin"})  # what GlobalStream.state_dict() writes
+
+# What GlobalStream.state_dict() writes. ``marks``: where the sequence stood at the end of each of the share's
+# blocks this epoch, ``(index, *mark)`` flattened, for an outermost source whose cursor has ``mark()`` (a
+# ``Packed``: the next token as (document, offset)); ``samples`` names a step's rows from them.
+STATE_KEYS = frozenset({"index", "position", "skip", "block", "origin", "marks"})
 
 
 def _well_formed(state: Any) -> bool:
@@ -381,6 +419,10 @@ def _well_formed(state: Any) -> bool:
     if not all(isinstance(state.get(key, 1), int) and not isinstance(state.get(key, 1), bool)
                for key in ("index", "block", "origin")) or state["index"] < 0 or state.get("block", 1) < 1 \
             or not 0 <= state.get("origin", 0) <= state["index"]:
+        return False
+    marks = state.get("marks", [])
+    if not isinstance(marks, list) or len(marks) % 3 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in marks):
         return False
     skip = state.get("skip", [])
     return isinstance(skip, list) and all(

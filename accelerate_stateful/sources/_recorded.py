@@ -40,6 +40,19 @@ class IntsAsTuple(Deferred):
         return tuple(self._ints)
 
 
+class Prefix(Deferred):
+    """The first ``n`` ints of an ``array.array`` that is only ever appended to, read as a list: recorded
+    without a copy of a log that grows through a pass."""
+
+    __slots__ = ("_ints", "_n")
+
+    def __init__(self, ints: Any, n: int) -> None:
+        self._ints, self._n = ints, n
+
+    def settled(self) -> list:
+        return self._ints[:self._n].tolist()
+
+
 def _same(value: Any) -> Any:
     return value
 

@@ -61,8 +61,13 @@ class Packed(GlobalStream):
 
     Position (the ``"position"`` of ``state_dict()``): ``{"source": <the
     source's position after the last document read>, "carry": [<the tokens of
-    that document not yet in a row>]}``. The carry is at most what is left of
-    one document, so it is short unless documents are much longer than a row.
+    that document not yet in a row>], "seq_len": ..., "documents": <the
+    source's documents read this epoch>, "offset": <where the carry begins in
+    its document>}``. The carry is at most what is left of one document, so it
+    is short unless documents are much longer than a row. ``documents`` and
+    ``offset`` name the next token as (document, offset): what ``samples``
+    names a row's pieces by (a position written before they were recorded
+    lacks them).
 
     Examples:
         >>> docs = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6, 7, 8]}]
@@ -93,9 +98,12 @@ class Packed(GlobalStream):
         return {"source": self.source}
 
     def check_position(self, position: Any) -> None:
-        if not isinstance(position, dict) or set(position) - {"seq_len"} != {"source", "carry"} or not isinstance(
-                position["carry"], list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                     for t in position["carry"]):
+        if not isinstance(position, dict) or set(position) - {"seq_len", "documents", "offset"} != {
+                "source", "carry"} or not isinstance(position["carry"], list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in position["carry"]) or not all(
+                isinstance(position.get(key, 0), int) and not isinstance(position.get(key, 0), bool)
+                and position.get(key, 0) >= 0 for key in ("documents", "offset")) or (
+                "documents" in position) != ("offset" in position):
             raise CheckpointError(
                 f"the saved position of a Packed source is not one it wrote (got {str(position)[:200]}); resume from a "
                 "checkpoint written with this source, or start the run without loading"
@@ -111,9 +119,10 @@ class Packed(GlobalStream):
 
     def open(self, position: Optional[Any], epoch: int) -> Cursor:
         if position is None:
-            return _PackCursor(self, open_source(self.source, None, epoch), [])
+            return _PackCursor(self, open_source(self.source, None, epoch), [], 0, 0)
         self.check_position(position)
-        return _PackCursor(self, open_source(self.source, position["source"], epoch), list(position["carry"]))
+        return _PackCursor(self, open_source(self.source, position["source"], epoch), list(position["carry"]),
+                           position.get("documents"), position.get("offset", 0))
 
 
     def agree(self, positions: list) -> tuple[list, list[str]]:
@@ -124,19 +133,25 @@ class Packed(GlobalStream):
         below, lines = self.source.agree([None if p is None else p["source"] for p in positions])
         agreed = [
             None if position is None and child is None
-            else {"source": child, "carry": [] if position is None else position["carry"]}
+            else {"source": child, "carry": [], "documents": 0, "offset": 0} if position is None
+            else dict(position, source=child)
             for position, child in zip(positions, below)
         ]
         return agreed, lines
 
 
 class _PackCursor:
-    """Rows from a cursor over documents; ``tokens[start:]`` is the carry."""
+    """Rows from a cursor over documents; ``tokens[start:]`` is the carry.
 
-    def __init__(self, packed: Packed, documents: Cursor, carry: list) -> None:
+    ``counted`` is the source's documents read this epoch (``None`` where a position written before it was
+    recorded does not say), ``offset`` where ``tokens`` begins in the last of them.
+    """
+
+    def __init__(self, packed: Packed, documents: Cursor, carry: list, counted: Optional[int], offset: int) -> None:
         self._packed, self._documents = packed, documents
         self._tokens, self._start = np.asarray(carry, dtype=np.int64), 0
         self._read = 0  # documents read by this cursor, to name one in an error
+        self._counted, self._offset = counted, offset
         self._ended = False
 
     def __next__(self) -> dict:
@@ -169,14 +184,27 @@ class _PackCursor:
                 self._ended = True
                 return False
             self._read += 1
-            self._tokens, self._start = _token_ids(document, self._packed.key, self._read), 0
+            if self._counted is not None:
+                self._counted += 1
+            self._tokens, self._start, self._offset = _token_ids(document, self._packed.key, self._read), 0, 0
             if len(self._tokens):
                 return True
         return False
 
     def position(self) -> dict:
-        return {"source": self._documents.position(), "carry": self._tokens[self._start:].tolist(),
-                "seq_len": self._packed.seq_len}
+        position = {"source": self._documents.position(), "carry": self._tokens[self._start:].tolist(),
+                    "seq_len": self._packed.seq_len}
+        if self._counted is not None:
+            position["documents"], position["offset"] = self._counted, self._offset + self._start
+        return position
+
+    def mark(self) -> Optional[tuple[int, int]]:
+        """The next token as (document of the epoch, offset in it); ``None`` where the count is not known."""
+        if self._counted is None:
+            return None
+        if self._start < len(self._tokens):
+            return self._counted - 1, self._offset + self._start
+        return self._counted, 0
 
 
 def _list_ids(tokens: Any) -> np.ndarray:
