@@ -8,6 +8,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequenc
 import torch
 from accelerate.state import GradientState
 from accelerate.utils import send_to_device
+from torch import Tensor  # by name: CPython specialises no attribute read of a module with __getattr__ (torch)
 from torch.utils.data import DataLoader
 
 from ..checkpoint import _state as S
@@ -49,8 +50,6 @@ class DataLoaderAdapter:
     """
 
     _epoch_set = False  # whether the program called set_epoch() in this process
-    _gradient_state: Optional[GradientState] = None  # the live pass's (``_begin``)
-    _weak_self: Optional["weakref.ref[DataLoaderAdapter]"] = None  # its reference to this loader (``_begin``)
 
     mode: ClassVar[str] = "abstract"
 
@@ -78,6 +77,10 @@ class DataLoaderAdapter:
         self._live_base: Any = None
         self.end_of_dataloader = False
         self.remainder = -1
+        # Set here, not as class defaults: CPython specialises no read of an instance attribute that shadows a
+        # class attribute, and ``_activate`` reads both at every batch.
+        self._gradient_state: Optional[GradientState] = None  # the live pass's (``_begin``)
+        self._weak_self: Optional["weakref.ref[DataLoaderAdapter]"] = None  # its reference to this loader (``_begin``)
         warn_if_unsafe(base_loader, ctx.world_size)
 
     # ----------------------------------------------------------------- public surface
@@ -404,7 +407,7 @@ class DataLoaderAdapter:
         device = self.device
         if device is None:
             return batch
-        if type(batch) is torch.Tensor and batch.device == device:
+        if type(batch) is Tensor and batch.device == device:
             return batch  # what ``send_to_device`` returns for it (``Tensor.to`` a tensor's own device), for less
         return send_to_device(batch, device, non_blocking=self.non_blocking)
 

@@ -235,10 +235,12 @@ class Lifecycle:
         """The pass handed a batch to the loop (``loader``: this lifecycle's, as the pass's handle holds it; on every
         batch, a plain reference costs less than the proxy this lifecycle keeps)."""
         record.handed += 1
-        # A re-run peek is part of re-entering the saved point; a batch is not.
-        _training.handed_out(record, went_on=record.kind is not Kind.REPLAY)
+        # Read once, and passed by position: CPython specialises neither a class attribute of an enum nor a call
+        # with a keyword argument, at every batch.
+        replay = record.kind is Kind.REPLAY
+        _training.handed_out(record, not replay)  # a re-run peek is part of re-entering the saved point; a batch is not
         loader._activate()
-        if record.trained and record.kind is Kind.REPLAY:  # ``_promote`` changes nothing for another kind
+        if replay and record.trained:  # ``_promote`` changes nothing for another kind
             self._promote(record)
         if loader.end_of_dataloader and loader._epoch_complete():
             self._complete(record)

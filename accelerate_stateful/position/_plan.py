@@ -26,8 +26,7 @@ the consumed count when an epoch is continued on a different world size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -38,8 +37,8 @@ def _ceil_div(a: int, b: int) -> int:
 class ShardPlan:
     """How one epoch of ``num_samples`` positions is cut into this rank's batches.
 
-    The counts derived from the fields are computed once, when the plan is made (the plan is frozen, and a
-    loader asks them at every batch).
+    The counts derived from the fields (``total_batch_size``, ``num_batches``, ``num_steps``) are computed once,
+    when the plan is made (the plan is frozen, and a loader asks them at every batch).
 
     Examples:
         >>> plan = ShardPlan(num_samples=10, batch_size=2, world_size=2, rank=1,
@@ -55,6 +54,12 @@ class ShardPlan:
     drop_last: bool
     even_batches: bool
     origin: int = 0
+    # Derived, set by ``__post_init__`` (plain attributes rather than ``cached_property``, which writes through the
+    # instance's ``__dict__``: CPython then specialises no method call on the plan, at every batch).
+    total_batch_size: int = field(init=False, repr=False, compare=False)  # samples all ranks take in one step
+    _remaining: int = field(init=False, repr=False, compare=False)
+    num_batches: int = field(init=False, repr=False, compare=False)  # this rank's batches in the epoch, from origin
+    num_steps: int = field(init=False, repr=False, compare=False)  # global steps: the busiest rank's batch count
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -64,22 +69,15 @@ class ShardPlan:
         if not 0 <= self.origin <= self.num_samples:
             raise ValueError(f"origin {self.origin} is outside the epoch of {self.num_samples} samples")
         # Computed here, not at the first read: a plan is the same object before and after any query of it.
-        _ = (self.total_batch_size, self._remaining, self.num_batches, self.num_steps)
-
-    @cached_property
-    def total_batch_size(self) -> int:
-        """Samples taken by all ranks together in one step."""
-        return self.batch_size * self.world_size
-
-    @cached_property
-    def _remaining(self) -> int:
-        return self.num_samples - self.origin
+        object.__setattr__(self, "total_batch_size", self.batch_size * self.world_size)
+        object.__setattr__(self, "_remaining", self.num_samples - self.origin)
+        object.__setattr__(self, "num_batches", self._count_batches())
+        object.__setattr__(self, "num_steps", self._count_steps())
 
     def _slice_start(self, step: int) -> int:
         return self.origin + step * self.total_batch_size + self.rank * self.batch_size
 
-    @cached_property
-    def num_batches(self) -> int:
+    def _count_batches(self) -> int:
         """How many batches this rank yields in the epoch (from ``origin``)."""
         remaining = self._remaining
         if self.drop_last:
@@ -89,8 +87,7 @@ class ShardPlan:
         own_start = self.rank * self.batch_size
         return _ceil_div(remaining - own_start, self.total_batch_size) if remaining > own_start else 0
 
-    @cached_property
-    def num_steps(self) -> int:
+    def _count_steps(self) -> int:
         """How many global steps the epoch has: the batch count of the busiest rank."""
         if self.drop_last:
             return self._remaining // self.total_batch_size
