@@ -232,8 +232,8 @@ class _BufferCursor:
         """:meth:`position` after a batch, its slots made a tuple only when read (``_recorded``).
 
         While the buffer is full and its source goes on, the record holds the draw count and an anchor, a copy of
-        the slots taken at most once per ``buffer_size`` draws (``_draws.Replayed``): a copy per batch cost a
-        worker page faults and cache misses worth 3 to 5 % of its batch (``docs/benchmarks.md``). Otherwise it
+        the slots taken at most once per ``buffer_size`` draws (``_draws.Replayed``): a copy per batch cost each
+        worker 8 to 9 page faults a batch, and cache misses in the reading (``docs/benchmarks.md``). Otherwise it
         holds a copy.
         """
         if self._ended or len(self._slots) != self._size:
