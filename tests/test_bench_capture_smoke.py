@@ -24,6 +24,7 @@ def test_our_workers_send_nothing_per_batch_but_the_batch_and_its_two_int_tag(ca
 
     assert list(results) == list(names)
     assert all(math.isfinite(r.us_per_batch) and r.us_per_batch > 0 for r in results.values())
+    assert all(r.worker_faults >= 0 for r in results.values())  # counted, as the workers' CPU is
     ours = results[capture.OURS_DISPATCH]
     assert ours.channel_messages == TINY["num_workers"]  # one start instruction per worker, no state reply
     assert ours.extra_bytes < 64  # the (logical worker, batch number) tag

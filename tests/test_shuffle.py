@@ -179,6 +179,29 @@ def test_the_positions_recorded_after_every_item_are_those_a_scan_of_the_slots_g
                 break
 
 
+@pytest.mark.parametrize("n,size,seed", [(n, size, seed) for n in (0, 7, 300, 1000) for size in (1, 3, 16, 129)
+                                         for seed in (0, 5)])
+def test_records_read_after_the_buffer_drew_on_are_the_positions_they_were_taken_at(n, size, seed):
+    """A record of the full buffer holds the draw count and replays the draws from an anchor taken at most every
+    ``buffer_size`` draws: read only after the buffer drew on (past later anchors, into its end), settled or pickled,
+    every record is the position of its own step, resumed too."""
+    owner = Shuffled(list(range(n)), size, seed=seed)
+    for cut in (None, n // 3):
+        saved = None
+        if cut is not None:
+            first = _BufferCursor(owner, 2, None)
+            for _ in range(cut):
+                _next_or_none(first)
+            saved = json.loads(json.dumps(first.position()))
+        cursor, kept = _BufferCursor(owner, 2, saved), []
+        while True:
+            kept.append((cursor.position(), cursor.recorded()))
+            if _next_or_none(cursor) is None:
+                break
+        for position, record in kept:
+            assert settled(record) == position and pickle.loads(pickle.dumps(record)) == position
+
+
 def _next_or_none(cursor):
     try:
         return next(cursor)

@@ -4,7 +4,9 @@ The loader records a stream's position after each batch and keeps the last few;
 a checkpoint reads one of them, most are dropped. A part of a position that is
 costly to put in its JSON-able form (a shuffle buffer's 10,000 slot numbers as a
 tuple: 18 µs, against 2 µs to copy them as machine integers) is recorded as a
-:class:`Deferred` holding a private copy, and turned into the JSON-able value
+:class:`Deferred` holding what it takes to make it (a private copy; for a full
+shuffle buffer, a copy shared by the records of up to ``buffer_size`` draws and
+the draw count: ``_draws.Replayed``), and turned into the JSON-able value
 when the record is read (:func:`settled`) or pickled (a worker's records reach
 the main process pickled). Either way what is read equals what ``position()``
 would have returned at the record. The stream's RNG states taken after each batch

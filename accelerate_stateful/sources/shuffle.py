@@ -18,7 +18,7 @@ import collections
 from typing import Any, Optional
 
 from ..errors import CheckpointError, UnsupportedConfigError
-from ._draws import Draws
+from ._draws import Anchor, Draws, Replayed
 from ._global import Cursor, GlobalStream, check_child, check_source, open_source, plain_copy
 from ._recorded import IntsAsTuple
 
@@ -134,14 +134,15 @@ class _BufferCursor:
     """The buffer: items in slots, each slot's read number, and positions of the source to read again from."""
 
     def __init__(self, owner: Shuffled, epoch: int, saved: Optional[dict]) -> None:
-        self._size, self._seed = owner.buffer_size, owner.seed
+        self._size, self._seed, self._epoch = owner.buffer_size, owner.seed, epoch
         self._every = max(1, owner.buffer_size // 16)  # reads between two source positions kept
         self._draw = Draws(owner.seed, epoch)
         start = saved or {"from": None, "from_read": 0, "read": 0, "slots": [], "draws": 0, "ended": False}
         self._source = open_source(owner.source, start["from"], epoch)
         self._marks = collections.deque([(start["from_read"], start["from"])])  # (read, position) oldest first
         self._read, self._draws, self._ended = start["from_read"], start["draws"], start["ended"]
-        self._slots = array.array("q", start["slots"])  # machine ints: a record copies them at memory speed
+        self._slots = array.array("q", start["slots"])  # machine ints: an anchor copies them at memory speed
+        self._anchor: Optional[Anchor] = None  # the full buffer's slots that records replay the draws from
         self._items: list = [None] * len(self._slots)
         # Items held per stretch of ``_every`` reads (read number // _every), and the first stretch that may hold
         # one: where the oldest held item is, without scanning the slots.
@@ -228,8 +229,18 @@ class _BufferCursor:
         return self._position(tuple(self._slots))
 
     def recorded(self) -> dict:
-        """:meth:`position` after a batch, its slots copied and made a tuple only when read (``_recorded``)."""
-        return self._position(IntsAsTuple(self._slots[:]))
+        """:meth:`position` after a batch, its slots made a tuple only when read (``_recorded``).
+
+        While the buffer is full and its source goes on, the record holds the draw count and an anchor, a copy of
+        the slots taken at most once per ``buffer_size`` draws (``_draws.Replayed``): a copy per batch cost each
+        worker 8 to 9 page faults a batch, and cache misses in the reading (``docs/benchmarks.md``). Otherwise it
+        holds a copy.
+        """
+        if self._ended or len(self._slots) != self._size:
+            return self._position(IntsAsTuple(self._slots[:]))
+        if self._anchor is None or not self._anchor.serves(self._draws, self._read):
+            self._anchor = Anchor(self._slots[:], self._draws, self._read, self._seed, self._epoch)
+        return self._position(Replayed(self._anchor, self._draws))
 
     def _position(self, slots: Any) -> dict:
         read, position = self._marks[0]
