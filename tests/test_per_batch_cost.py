@@ -21,7 +21,17 @@ from torch.utils.data import DataLoader
 import accelerate_stateful
 from accelerate_stateful import Accelerator
 
-pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state", "fresh_clock")
+
+
+@pytest.fixture
+def fresh_clock(monkeypatch):
+    """The program-order clock as a fresh program has it: no pass current. A pass another test of this process
+    left live (its iterator still referenced) stays current, and then every batch here also looks at it, one call
+    more (``_training._others_handed_out``), as a real program with two live loops does."""
+    from accelerate_stateful.training import _training
+
+    monkeypatch.setattr(_training, "_current", [])
 
 PACKAGE = os.path.dirname(accelerate_stateful.__file__)
 BATCHES = 64
