@@ -63,15 +63,19 @@ def children() -> Children:
     return Children()
 
 
-def prepared(persistent: bool = False, n: int = 64):
-    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+def prepared(persistent: bool = False, n: int = 64, dispatch: bool = False):
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True,
+                                                                                  dispatch_batches=dispatch))
     dl = DataLoader(list(range(n)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0),
                     num_workers=WORKERS, persistent_workers=persistent)
     return accelerator, accelerator.prepare(dl)
 
 
-def test_workers_of_a_loop_left_with_break_end_at_the_loaders_next_event_and_its_position_stays_readable(children):
-    _, dl = prepared()
+# The dispatcher's workers are its reader's: they end with the dispatcher's pass, not when a later pass starts.
+@pytest.mark.parametrize("dispatch", [False, True], ids=["shard", "dispatcher"])
+def test_workers_of_a_loop_left_with_break_end_at_the_loaders_next_event_and_its_position_stays_readable(
+        children, dispatch):
+    _, dl = prepared(dispatch=dispatch)
     for _ in dl:
         assert len(children.live()) == WORKERS
         break

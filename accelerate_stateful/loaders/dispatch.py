@@ -239,6 +239,10 @@ class DispatchDataLoader(DataLoaderAdapter):
         super()._release_workers()
         self._reader._release_workers()
 
+    def _end(self) -> None:
+        super()._end()
+        self._reader._live_base = None  # the reader's pass is this pass: its workers end with it, not at the next
+
     def _position_state(self) -> dict:
         return {S.BATCHES_YIELDED: self._steps, FIRST: self._first, ORIGIN: list(self._step_origin),
                 TAKEN: self._samples, S.SKIPPED: [list(r) for r in self._left_out()]}
