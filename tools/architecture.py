@@ -139,7 +139,8 @@ NOT_DRAWN: dict[str, str] = {
     "position/_saved.py": "a saved shard position's plan and check, shared by the shard loader and the command line",
     "position/_skips.py": "samples left out of an epoch's order (skip_samples), shared by the shard loader, the "
                           "dispatcher and the command line",
-    "sources/_merge.py": "merging logical-shard positions, shared by the loaders and the command line",
+    "sources/_merge.py": "merging logical-shard positions and a packer's marks, shared by the loaders and the "
+                         "command line",
     "sources/packed.py": "Packed, a composable source (a global sequence) read by the stream loader's box "
                          "(docs/sources/packing.md)",
     "sources/shuffle.py": "Shuffled and exact_shuffle, composable sources read by the stream loader's box "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
+from ..sources._merge import mark_triples, next_token
 from ._composed import _source_items, is_packed
 from ._read import NotAnswerable
 from ._streams import Layout, step_items
@@ -62,19 +63,11 @@ def _points(datasets: list) -> dict[int, tuple[int, int]]:
     for dataset in datasets:
         if dataset is None:
             continue
-        marks = dataset.get("marks", [])
-        found.update({marks[i]: (marks[i + 1], marks[i + 2]) for i in range(0, len(marks), 3)})
+        found.update({index: (document, offset) for index, document, offset in mark_triples(dataset.get("marks", []))})
         position = dataset["position"]
         if is_packed(position):
-            found[dataset["index"]] = _next_token(position)
+            found[dataset["index"]] = next_token(position["documents"], position["offset"], bool(position["carry"]))
     return found
-
-
-def _next_token(position: Mapping[str, Any]) -> tuple[int, int]:
-    """The next token of a packer at ``position`` (as ``_PackCursor.mark``)."""
-    if position["carry"]:
-        return position["documents"] - 1, position["offset"]
-    return position["documents"], 0
 
 
 def _furthest(datasets: list) -> Optional[Any]:

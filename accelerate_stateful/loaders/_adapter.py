@@ -439,6 +439,11 @@ class DataLoaderAdapter:
         GradientState()._remove_dataloader(self)
         self._live_base = None
 
+    def _fetch_key(self, origin: int) -> tuple[int, ...]:
+        """What the pipeline randomness of a batch of this pass is drawn from, with the batch's step
+        (``training/_rng``): the loader's seed, the epoch, the rank, and where the epoch's current dealing began."""
+        return self._seed, self._epoch, self.ctx.rank, origin
+
     def _epoch_start_batches(self, count: int) -> list:
         """Hook: this rank's first ``count`` batches of the current epoch (fewer in a shorter epoch), fetched
         again in this process as its pass fetched them, moving nothing: what a dispatcher moved by ``seek``

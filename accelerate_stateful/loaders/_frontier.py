@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ._snapshot import unpack
+from ..sources._merge import merge_marks
 
 
 def frontier(stream: Mapping[str, Any]) -> Optional[tuple[dict, int, int, int]]:
@@ -65,9 +66,5 @@ def regrouped(snapshot: dict, start: int, block: int, shares: int, marks: list) 
 def marks_of(stream: Mapping[str, Any]) -> list[int]:
     """Every share's marks of the epoch (``sources._global``: where the sequence stood at the end of each block
     a share handed out), merged in index order."""
-    triples = set()
-    for snap in stream["snapshots"]:
-        dataset = None if snap is None else unpack(snap).get("dataset")
-        marks = dataset.get("marks", []) if isinstance(dataset, Mapping) else []
-        triples.update(tuple(marks[i:i + 3]) for i in range(0, len(marks), 3))
-    return [value for triple in sorted(triples) for value in triple]
+    datasets = [None if snap is None else unpack(snap).get("dataset") for snap in stream["snapshots"]]
+    return merge_marks([d if isinstance(d, Mapping) else None for d in datasets])

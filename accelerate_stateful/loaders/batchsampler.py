@@ -222,10 +222,9 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
 
     def _open_pass(self, read_ahead: bool = True) -> Iterator[tuple[int, Any]]:
         own = rank_batches(self._steps_of_epoch(), self.ctx.rank, self._steps)
-        # What a batch's pipeline randomness is drawn from (``training/_rng``), as the shard loader's: (seed, epoch,
-        # rank, origin) and its step. A rank's steps are consecutive (one without a batch at a step has none after
-        # it), so the fetch counts them as the tags do.
-        where = (self._seed, self._epoch, self.ctx.rank, self._origin)
+        # A rank's steps are consecutive (one without a batch at a step has none after it), so the fetch counts them
+        # as the tags do.
+        where = self._fetch_key(self._origin)
         tag = self._pipeline.tagger(where)
         self._feed.batches = [batch if tag is None else tag(step, batch) for step, batch in own]
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
@@ -369,8 +368,7 @@ class BatchSamplerDataLoader(DataLoaderAdapter):
 
     def _epoch_start_batches(self, count: int) -> list:
         own = rank_batches(self._steps_of_epoch(origin=0), self.ctx.rank)[:count]
-        where = (self._seed, self._epoch, self.ctx.rank, 0)
-        return fetched_again(self._pipeline.mode, self._base.dataset, self._base.collate_fn, where,
+        return fetched_again(self._pipeline.mode, self._base.dataset, self._base.collate_fn, self._fetch_key(0),
                              own[0][0] if own else 0, [batch for _, batch in own], as_sampler=self._as_sampler)
 
 

@@ -295,8 +295,7 @@ class ShardDataLoader(DataLoaderAdapter):
         """``(batches already taken, the base loader's batches from there)`` for a pass from the current position."""
         plan = self._plan
         step = plan.steps_for(self._consumed)
-        # What a batch's pipeline randomness is drawn from: (seed, epoch, rank, origin) and its step.
-        where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
+        where = self._fetch_key(plan.origin)
         pipeline = self._pipeline
         self._sampler.set_pass(self._pass_indices(), plan, step, pipeline.tagger(where))
         self._worker_generator.manual_seed(mix_seed(self._seed, self._epoch, _WORKER_SALT))
@@ -515,8 +514,8 @@ class ShardDataLoader(DataLoaderAdapter):
         sampler = _PlanBatchSampler()
         sampler.set_pass(self._pass_indices(), plan, 0, None)
         batches = list(itertools.islice(sampler, count))
-        where = (self._seed, self._epoch, self.ctx.rank, plan.origin)
-        return fetched_again(self._pipeline.mode, self._base.dataset, self._base.collate_fn, where, 0, batches)
+        return fetched_again(self._pipeline.mode, self._base.dataset, self._base.collate_fn,
+                             self._fetch_key(plan.origin), 0, batches)
 
 
 def loader_settings(dataloader: DataLoader) -> dict:

@@ -71,10 +71,6 @@ class Cursor(Protocol):
     # worker's share; ``keeps(k)`` says whether the share hands out the item of global index ``k``.
 
 
-def _position(cursor: Cursor) -> Any:
-    return cursor.position()
-
-
 def share_of(k: int, workers: int, block: int = 1, origin: int = 0) -> int:
     """The worker share that hands out the item of global index ``k``: blocks of ``block`` items from index
     ``origin`` on are dealt to the ``workers`` shares in turn."""
@@ -308,18 +304,18 @@ class GlobalStream(IterableDataset):
 
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict:
-        return self._state(_position)
+        return self._state(recording=False)
 
     def recorded_state(self) -> dict:
         """:meth:`state_dict` as the loader records it after every batch: parts that cost to put in JSON-able
         form may be kept in a cheap one until read (``_recorded``; ``settled()`` of it is ``state_dict()``)."""
-        return self._state(recorded)
+        return self._state(recording=True)
 
-    def _state(self, position: Callable[[Any], Any]) -> dict:
+    def _state(self, recording: bool) -> dict:
         live = self.__dict__.get("_live")
         if live is not None:
             cursor, index, skip, block, origin, marks = live
-            state = {"index": index[0], "position": position(cursor)}
+            state = {"index": index[0], "position": recorded(cursor) if recording else cursor.position()}
             if skip:
                 state["skip"] = [list(r) for r in skip]
             if block != 1:
@@ -327,7 +323,7 @@ class GlobalStream(IterableDataset):
             if origin:
                 state["origin"] = origin
             if marks is not None:
-                state["marks"] = marks.tolist() if position is _position else Prefix(marks, len(marks))
+                state["marks"] = Prefix(marks, len(marks)) if recording else marks.tolist()
             return state
         start = self.__dict__.get("_start")
         return copy.deepcopy(start) if start is not None else {"index": 0, "position": None}

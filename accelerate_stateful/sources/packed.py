@@ -18,6 +18,7 @@ import torch
 
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._global import Cursor, GlobalStream, check_child, check_source, open_source
+from ._merge import next_token
 
 _ENDINGS = ("drop", "pad")
 
@@ -202,9 +203,7 @@ class _PackCursor:
         """The next token as (document of the epoch, offset in it); ``None`` where the count is not known."""
         if self._counted is None:
             return None
-        if self._start < len(self._tokens):
-            return self._counted - 1, self._offset + self._start
-        return self._counted, 0
+        return next_token(self._counted, self._offset + self._start, self._start < len(self._tokens))
 
 
 def _list_ids(tokens: Any) -> np.ndarray:
