@@ -1,7 +1,9 @@
 """Per-batch cost of a prepared shuffled map-style loader against a bare ``DataLoader``, in one process.
 
-Interleaved epochs (the order alternates every round) of ``--batches`` batches each; prints both medians and
-the median of the per-round ratios. To compare two versions of the package, run it in a checkout of each:
+Interleaved epochs (the order alternates every round) of ``--batches`` batches each; prints the medians and
+the medians of the per-round ratios. Three loaders: the bare ``DataLoader``; the same bare loader read as ours
+reads its base loader, without torch's per-batch profiler annotation (``loaders/_torch_iter``), which isolates
+the package's own work; and ours. To compare two versions of the package, run it in a checkout of each:
 ``git worktree add /tmp/old <commit> && cd /tmp/old && PYTHONPATH=$PWD python benchmarks/bench_per_batch.py``.
 No test checks a timing; ``tests/test_per_batch_cost.py`` bounds the calls per batch instead.
 """
@@ -18,12 +20,13 @@ from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
 from accelerate_stateful import Accelerator
+from accelerate_stateful.loaders._torch_iter import batches_of
 
 
-def _epoch(loader: DataLoader) -> float:
+def _epoch(loader: DataLoader, unannotated: bool = False) -> float:
     """Microseconds per batch over one epoch."""
     started, count = time.perf_counter(), 0
-    for _ in loader:
+    for _ in batches_of(iter(loader)) if unannotated else loader:
         count += 1
     return (time.perf_counter() - started) / count * 1e6
 
@@ -41,14 +44,19 @@ def main() -> None:
                                           generator=torch.Generator().manual_seed(0)))
     gc.collect()
     gc.freeze()
-    times: dict = {"bare": [], "ours": []}
+    times: dict = {"bare": [], "unannotated": [], "ours": []}
     for round_ in range(args.rounds):
-        pair = [("bare", bare), ("ours", ours)]
-        for name, loader in pair if round_ % 2 else pair[::-1]:
-            times[name].append(_epoch(loader))
-    ratios = [o / b for o, b in zip(times["ours"], times["bare"])]
-    print(f"bare {statistics.median(times['bare']):.1f} us/batch, ours {statistics.median(times['ours']):.1f} "
-          f"us/batch, ours/bare median of the rounds {statistics.median(ratios):.3f}")
+        runs = [("bare", bare, False), ("unannotated", bare, True), ("ours", ours, False)]
+        for name, loader, unannotated in runs if round_ % 2 else runs[::-1]:
+            times[name].append(_epoch(loader, unannotated))
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    print(f"bare {statistics.median(times['bare']):.1f} us/batch, bare unannotated "
+          f"{statistics.median(times['unannotated']):.1f} us/batch, ours {statistics.median(times['ours']):.1f} "
+          f"us/batch, ours/bare median of the rounds {ratio('ours', 'bare'):.3f}, ours/bare unannotated "
+          f"{ratio('ours', 'unannotated'):.3f}")
 
 
 if __name__ == "__main__":

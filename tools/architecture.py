@@ -70,6 +70,8 @@ NOT_DRAWN: dict[str, str] = {
     "loaders/_carried.py": "the pass a checkpoint carries and a resume goes on from (live, owed, ended inside "
                            "the loops); part of _lifecycle.py",
     "loaders/_workers.py": "stops a pass's DataLoader workers when it ends by an exception",
+    "loaders/_torch_iter.py": "the base DataLoader's batches without torch's per-batch profiler annotation while "
+                              "no profiler records; part of _adapter.py",
     "loaders/_broadcast.py": "the dispatcher's one broadcast per step (a batch, the end, or the reader's error); "
                              "part of dispatch.py",
     "checkpoint/_compare.py": "what every process must share at a save, compared with the elastic merge's own "

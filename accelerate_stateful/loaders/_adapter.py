@@ -17,6 +17,7 @@ from .._context import DistContext
 from . import _carried
 from ._lifecycle import Lifecycle
 from ._passes import PASS, PassHandle, Phase, check_entry
+from ._torch_iter import batches_of
 from ._forking import warn_if_unsafe
 from ._workers import shut_down, track
 from ..errors import LifecycleError, Mismatch, UnsupportedConfigError
@@ -452,13 +453,14 @@ class DataLoaderAdapter:
         raise NotImplementedError(f"{type(self).__name__} cannot fetch its epoch's first batches again")
 
     def _open_base(self) -> Iterator[Any]:
-        """An iterator over the base loader, remembered so that its workers can be stopped at once (a pass ended
-        by an exception, the process's end: ``_workers``)."""
+        """The base loader's batches (``_torch_iter``: without torch's per-batch profiler annotation while no
+        profiler records), its iterator remembered so that its workers can be stopped at once (a pass ended by
+        an exception, the process's end: ``_workers``)."""
         base_iter = iter(self._base)
         self._base_iter = weakref.ref(base_iter)
         self._live_base = base_iter
         track(base_iter)
-        return base_iter
+        return batches_of(base_iter)
 
     def _release_workers(self) -> None:
         """Stop the workers of this loader's base iterator now (a pass ended by an exception); persistent
