@@ -5,22 +5,26 @@ Usage (the same command after every kill)::
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/bitwise_train.py \
         --out DIR --kill-plan 5,13
 
-Two independent training runs are multiplexed in one process, so one launch
-covers two configurations: run ``w0`` reads its data with ``num_workers=0``,
-run ``w2`` with ``num_workers=2``. Each is a small MLP with dropout, AdamW, a
-linear LR schedule, ``gradient_accumulation_steps=2`` and ``clip_grad_norm_``,
-over a dataset whose ``__getitem__`` draws augmentation from ``torch``,
-``random`` and ``numpy``. A checkpoint is saved every ``--save-every``
-micro-steps (odd by default, so every other checkpoint falls between the two
-micro-steps of a window).
+Three independent training runs are multiplexed in one process, so one launch
+covers three configurations: run ``w0`` reads its data with
+``DataLoader(batch_size=..., shuffle=True, num_workers=0)``, run ``w2`` the same
+with ``num_workers=2``, and run ``bs2`` through a user's own
+``batch_sampler=Bucketed(...)`` (length bucketing, prepared as
+``BatchSamplerDataLoader``) with ``num_workers=2``. Each is a small MLP with
+dropout, AdamW, a linear LR schedule, ``gradient_accumulation_steps=2`` and
+``clip_grad_norm_``, over a dataset whose ``__getitem__`` draws augmentation
+from ``torch``, ``random`` and ``numpy``. A checkpoint is saved every
+``--save-every`` micro-steps (odd by default, so every other checkpoint falls
+between the two micro-steps of a window).
 
 ``--kill-plan`` lists micro-steps at which every rank SIGKILLs itself, each
 once: a process starts by reading which kills already happened (a marker file
 per kill) and dies at the first one that has not. Each rank appends one JSON
 line per micro-step and run to ``<out>/log_rank<r>.jsonl`` (the loss as
-``float.hex``), preceded by a start record saying what it resumed from and
-whether that checkpoint held a pending gradient; at the end it writes both
-runs' weights and optimizer states to ``<out>/final_rank<r>.pt``.
+``float.hex``), preceded by a start record saying what it resumed from, whether
+that checkpoint held a pending gradient and which loader class each run was
+prepared as; at the end it writes every run's weights and optimizer states to
+``<out>/final_rank<r>.pt``.
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from accelerate_stateful import Accelerator
 from accelerate_stateful.training import _accumulation
 
 FEATURES, ACCUMULATION = 8, 2
-RUNS = {"w0": 0, "w2": 2}
+RUNS = {"w0": 0, "w2": 2, "bs2": 2}  # run: num_workers; ``bs2`` reads through ``Bucketed``
 
 
 class Augmented(Dataset):
@@ -60,6 +64,26 @@ class Augmented(Dataset):
         return {"id": index, "x": self.x[index] + noise, "y": self.y[index]}
 
 
+class Bucketed(Sampler[list[int]]):
+    """Length bucketing as users write it: ids sorted by a made-up length, cut into batches, the batches shuffled
+    per epoch from ``set_epoch`` (no state of its own: the package draws each epoch's batches again)."""
+
+    def __init__(self, size: int, batch_size: int) -> None:
+        self.batch_size, self.epoch = batch_size, 0
+        self.order = sorted(range(size), key=lambda i: ((i * 7) % 5, i))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.batch_size)
+
+    def __iter__(self):
+        batches = [self.order[i:i + self.batch_size] for i in range(0, len(self.order), self.batch_size)]
+        random.Random(self.epoch).shuffle(batches)
+        return iter(batches)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -71,12 +95,16 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def build(accelerator: Accelerator, args: argparse.Namespace, workers: int, total_steps: int) -> tuple:
+def build(accelerator: Accelerator, args: argparse.Namespace, name: str, total_steps: int) -> tuple:
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
                                 torch.nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.1, 1 - s / total_steps))
-    loader = DataLoader(Augmented(args.samples), batch_size=args.batch_size, shuffle=True, num_workers=workers)
+    dataset = Augmented(args.samples)
+    if name == "bs2":
+        loader = DataLoader(dataset, batch_sampler=Bucketed(args.samples, args.batch_size), num_workers=RUNS[name])
+    else:
+        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=RUNS[name])
     return accelerator.prepare(model, optimizer, scheduler, loader)
 
 
@@ -99,7 +127,7 @@ def main() -> None:
     set_seed(0)
     steps_per_epoch = -(-args.samples // (args.batch_size * accelerator.num_processes))
     total = args.epochs * steps_per_epoch
-    runs = {name: build(accelerator, args, workers, total) for name, workers in RUNS.items()}
+    runs = {name: build(accelerator, args, name, total) for name in RUNS}
     progress = {"step": 0}
 
     class Progress:
@@ -113,14 +141,15 @@ def main() -> None:
     resumed = accelerator.resume()
     pending = resumed is not None and _accumulation.gradient_file(resumed, accelerator.process_index).exists()
     log = open(args.out / f"log_rank{accelerator.process_index}.jsonl", "a")
-    log.write(json.dumps({"start": str(resumed), "pending_gradients": pending, "at": progress["step"]}) + "\n")
-    log.flush()
     loaders = {name: run[3] for name, run in runs.items()}
+    log.write(json.dumps({"start": str(resumed), "pending_gradients": pending, "at": progress["step"],
+                          "loaders": {name: type(dl).__name__ for name, dl in loaders.items()}}) + "\n")
+    log.flush()
     first = loaders["w0"]
     for _ in range(first.epoch, args.epochs):
         iterators = {name: iter(dl) for name, dl in loaders.items()}
         for batch0 in iterators["w0"]:
-            batches = {"w0": batch0, "w2": next(iterators["w2"])}
+            batches = {"w0": batch0, **{name: next(iterators[name]) for name in iterators if name != "w0"}}
             with accelerator.accumulate(*(run[0] for run in runs.values())):
                 losses = {name: train_step(accelerator, runs[name], batches[name]) for name in runs}
             progress["step"] += 1
@@ -135,8 +164,8 @@ def main() -> None:
                 if accelerator.is_main_process:
                     (args.out / f"killed_at_{step}").touch()
                 os.kill(os.getpid(), signal.SIGKILL)
-        if next(iterators["w2"], None) is not None:
-            raise RuntimeError("the two runs' loaders went out of step")
+        if any(next(iterators[name], None) is not None for name in iterators if name != "w0"):
+            raise RuntimeError("the runs' loaders went out of step")
     final = {name: {"model": accelerator.unwrap_model(run[0]).state_dict(), "optimizer": run[1].state_dict()}
              for name, run in runs.items()}
     torch.save(final, args.out / f"final_rank{accelerator.process_index}.pt")

@@ -64,8 +64,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 # here: DEFAULT_S). Only used to order the units of work longest first (``pytest_collection_modifyitems``).
 COST_S = {"test_check_resume.py": 119, "test_check_resume_processes.py": 109, "test_demo.py": 94,
           "test_hf_datasets.py": 84, "test_endings.py": 75, "test_streams.py": 74, "test_lm_pipeline_mp.py": 55,
-          "test_trainer_mp.py": 45, "test_docs.py": 45, "test_stream_blocks.py": 43, "test_checkpoints_mp.py": 42,
-          "test_stream_workers_elastic.py": 36, "test_bitwise.py": 36, "test_conformance.py": 36,
+          "test_trainer_mp.py": 45, "test_docs.py": 45, "test_bitwise.py": 45, "test_stream_blocks.py": 43,
+          "test_checkpoints_mp.py": 42, "test_stream_workers_elastic.py": 36, "test_conformance.py": 36,
           "test_elastic_mp.py": 35, "test_skip_streams.py": 31, "test_mixture_loader.py": 30,
           "test_logical_shards.py": 28, "test_hf_streams_as_written.py": 27, "test_sampler_rng.py": 24,
           "test_check_resume_points.py": 22, "test_mp_harness.py": 22, "test_conformance_table.py": 20,

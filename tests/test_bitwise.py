@@ -1,7 +1,10 @@
 """A training run SIGKILLed at random micro-steps and restarted ends bitwise equal to the uninterrupted one.
 
-``tests/bitwise_train.py`` trains two runs in one process (``num_workers`` 0 and
-2) with dropout, AdamW, an LR schedule, ``gradient_accumulation_steps=2``,
+``tests/bitwise_train.py`` trains three runs in one process: ``num_workers`` 0
+and 2 over ``DataLoader(batch_size=..., shuffle=True)``, and ``num_workers=2``
+over a user's own length-bucketing ``batch_sampler`` (``BatchSamplerDataLoader``,
+whose workers seed each batch's fetch as the shard loader's do). Each has
+dropout, AdamW, an LR schedule, ``gradient_accumulation_steps=2``,
 ``clip_grad_norm_`` and augmentation drawn from ``torch``, ``random`` and
 ``numpy`` in ``__getitem__``, saving every 3 micro-steps, so every other
 checkpoint falls between the two micro-steps of a window. Per world size (1 and
@@ -102,7 +105,7 @@ def differences(expected: Any, actual: Any, path: str = "") -> list[str]:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(4 * LAUNCH_TIMEOUT_S)
 @pytest.mark.parametrize("world", [pytest.param(1, id="world1"), pytest.param(2, id="world2")])
-def test_a_run_killed_between_micro_steps_ends_bitwise_equal_with_workers_0_and_2(tmp_path, world):
+def test_a_run_killed_between_micro_steps_ends_bitwise_equal_with_workers_and_a_batch_sampler(tmp_path, world):
     plan = kill_plan(world, SEED)
     print(f"world {world}, seed {SEED}: SIGKILL at micro-steps {plan}")
     reference, run = tmp_path / "reference", tmp_path / "run"
@@ -123,10 +126,11 @@ def test_a_run_killed_between_micro_steps_ends_bitwise_equal_with_workers_0_and_
         _, expected, _ = records(reference / f"log_rank{rank}.jsonl")
         starts, actual, changed = records(run / f"log_rank{rank}.jsonl")
         assert len(starts) == len(plan) + 1 and starts[1]["pending_gradients"], starts
+        assert starts[0]["loaders"]["bs2"] == "BatchSamplerDataLoader", starts[0]
         assert not changed, changed
         assert sorted(actual) == sorted(expected)
         wrong = [f"{key}: {expected[key]} vs {actual[key]}" for key in sorted(expected) if actual[key] != expected[key]]
         assert not wrong, f"rank {rank}: {len(wrong)} micro-steps differ, first: {wrong[:3]}"
         final = torch.load(reference / f"final_rank{rank}.pt"), torch.load(run / f"final_rank{rank}.pt")
-        assert set(final[0]) == {"w0", "w2"}
+        assert set(final[0]) == {"w0", "w2", "bs2"}
         assert not differences(*final), f"rank {rank}: final states differ at {differences(*final)[:5]}"
