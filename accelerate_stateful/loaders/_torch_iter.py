@@ -6,7 +6,9 @@ dataset fetched in the main process that is most of what the iterator adds to th
 36 µs batch of 32 integers here (docs/benchmarks.md, section A), more than this package's whole per-batch
 work. While no profiler records, :func:`batches_of` calls the iterator's own fetch (``_next_data``: the sampler,
 the fetcher, ``pin_memory``) and counts the batch as ``__next__`` does; while one records, it calls
-``__next__``, so a trace shows the same spans as a plain ``DataLoader``'s. An iterator of another class (a
+``__next__``, so a trace shows the same spans as a plain ``DataLoader``'s. Profiling often runs on one rank
+only; both ways hand out the same batch and count it alike, so what a rank reads or decides never depends on
+it. An iterator of another class (a
 subclass may override ``__next__``) or over an ``IterableDataset`` (whose ``__next__`` also warns when the
 dataset yields more than its ``len()``) is read through ``__next__`` always.
 """
