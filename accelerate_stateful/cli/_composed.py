@@ -64,6 +64,12 @@ def is_packed(position: Any) -> bool:
     return isinstance(position, Mapping) and {"source", "carry", "documents", "offset"} <= set(position)
 
 
+def is_filtered(position: Any) -> bool:
+    """A ``Filtered`` position: as the outermost source, its steps are named from the marks of the blocks' ends
+    (``_filtered``)."""
+    return isinstance(position, Mapping) and set(position) == {"source", "kept", "dropped"}
+
+
 def is_mixture(position: Any) -> bool:
     return isinstance(position, Mapping) and _MIXTURE_KEYS <= set(position)
 
