@@ -16,13 +16,15 @@ unfiltered source's own order from the epoch's start, nothing skipped or named t
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import zlib
 
 import pytest
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import DispatchDataLoader, DistContext, Filtered, IterableShardDataLoader, Mixture, Shuffled
+from accelerate_stateful import (DispatchDataLoader, DistContext, Filtered, IterableShardDataLoader, Mixture, Packed,
+                                 Shuffled)
 from accelerate_stateful.checkpoint import _files
 
 from cli_run import cli_json, run_cli, save_checkpoint
@@ -86,9 +88,10 @@ def _item(named: dict) -> int:
 
 
 def _run(loaders: list, steps: int, passes: list) -> list[list[list[int]]]:
-    """Each rank's next ``steps`` batches; the passes stay live for the save."""
+    """Each rank's next ``steps`` batches (a packer's: its rows' tokens); the passes stay live for the save."""
     passes += [iter(loader) for loader in loaders]
-    return [[next(it).tolist() for _ in range(steps)] for it in passes[-len(loaders):]]
+    batches = [[next(it) for _ in range(steps)] for it in passes[-len(loaders):]]
+    return [[(b["input_ids"] if isinstance(b, dict) else b).tolist() for b in rank] for rank in batches]
 
 
 def _check(ckpt, taken: list, cfg: dict) -> None:
@@ -179,3 +182,25 @@ def test_a_filter_below_a_mixture_is_still_named_by_its_item_number_with_the_rea
     status, out, err = run_cli("samples", ckpt, "--consumed")
     assert status == 4 and "(item " in out
     assert "it is a Filtered: which items a Filtered keeps depends on its predicate" in err
+
+
+def long(document: list) -> bool:
+    return len(document) > 1
+
+
+def test_a_packed_filter_names_its_rows_pieces_by_the_filters_kept_item_and_says_why_not_the_document(tmp_path):
+    docs = [[d] * (1 + d % 3) for d in range(60)]  # every token is its document's number
+    kept = [d for d, doc in enumerate(docs) if long(doc)]
+    loaders = [IterableShardDataLoader.from_dataloader(DataLoader(Packed(Filtered(docs, long), 3), batch_size=2),
+                                                       DistContext(0, 1))]
+    passes: list = []
+    taken = _run(loaders, 3, passes)
+    status, out, err = run_cli("samples", save_checkpoint(tmp_path / "ckpt", [[loaders[0].state_dict()]]),
+                               "--consumed", "--json")
+    assert status == 4
+    for step, answer in enumerate(json.loads(out)["ranks"][0]["batches"]):
+        tokens = [t for row in taken[0][step] for t in row]
+        assert [kept[piece["item"]] for piece in answer["pieces"]] == list(dict.fromkeys(tokens))
+    assert "which items a Filtered keeps depends on its predicate applied to the data, and the checkpoint records " \
+           "what a filter drew for each step only where it is the loader's outermost source" in err
+
