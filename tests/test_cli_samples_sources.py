@@ -158,14 +158,16 @@ def _even(item: int) -> bool:
     return item % 2 == 0
 
 
-# An outermost Packed is answered (test_cli_samples_packed), one saved before packers counted documents refused.
-@pytest.mark.parametrize("outer, message", [
-    pytest.param(lambda: __import__("accelerate_stateful").Filtered(_simple(), _even),
-                 "outermost source is a Filtered: which items a Filtered keeps depends on its predicate", id="filtered"),
-])
-def test_samples_refuse_a_stream_whose_outermost_source_hides_its_documents(tmp_path, outer, message):
-    status, out, err = run_cli("samples", _checkpoint(tmp_path, outer()), "--consumed")
-    assert status == 4 and out == "" and message in err
+# An outermost Packed or Filtered is answered (test_cli_samples_packed, test_cli_samples_filtered); what such a
+# source drew from a filter below it is named by the item's number there, with the reason.
+def test_samples_of_a_filter_over_a_filter_name_the_inner_filters_items_by_number_and_say_why(tmp_path):
+    from accelerate_stateful import Filtered
+
+    status, out, err = run_cli("samples", _checkpoint(tmp_path, Filtered(Filtered(_simple(), _even), _even)),
+                               "--consumed")
+    assert status == 4 and "kept, 0 dropped of 6 drawn: (item 0) (item 1)" in out
+    assert "it is a Filtered: which items a Filtered keeps depends on its predicate" in err
+    assert "only where it is the loader's outermost source" in err
 
 
 def test_samples_of_a_checkpoint_written_before_mixtures_recorded_their_seed_say_why_they_cannot_answer(tmp_path):

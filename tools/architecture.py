@@ -53,6 +53,8 @@ MODULES = {
 _PLUMBING = "a helper of the box that names its package's main module"
 NOT_DRAWN: dict[str, str] = {
     "cli/_shuffled.py": "a Shuffled buffer's draws replayed in item numbers, for samples; part of cli/_composed.py",
+    "cli/_filtered.py": "a Filtered stream's steps as the source items they drew, from the marks its filter noted; "
+                        "beside cli/_packed.py (docs/cli.md)",
     "sources/_draws.py": "a Shuffled buffer's draws, importable without torch; part of shuffle.py",
     "sources/_recorded.py": "a position recorded after every batch, made JSON-able only when read; part of "
                             "_global.py",

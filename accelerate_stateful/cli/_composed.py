@@ -14,7 +14,8 @@ A ``Shuffled`` buffer's item ``k`` is the source's item it handed out as its ``k
 position (``_shuffled``), then named from the source's position after the buffer's last read.
 
 What the positions cannot tell is said, never guessed (``Unknown``): which documents a ``Packed`` row is
-cut from depends on their lengths, which items a ``Filtered`` keeps on its predicate, and a ``Shuffled``
+cut from depends on their lengths, which items a ``Filtered`` keeps on its predicate (the outermost source's
+marks tell both for its own steps: ``_packed``, ``_filtered``), and a ``Shuffled``
 buffer's draws on a seed a position written before it was recorded lacks. A mixture position written
 before mixtures recorded their seed cannot name any source.
 """
@@ -38,8 +39,9 @@ _OPAQUE = (
     ({"source", "carry", "seq_len", "documents", "offset"}, "Packed",
      "which documents a packed row below another source is cut from depends on the documents' lengths, which "
      "the checkpoint records only for the outermost source's steps"),
-    ({"source", "kept", "dropped"}, "Filtered", "which items a Filtered keeps depends on its predicate applied "
-                                                "to the data, which the checkpoint does not record"),
+    ({"source", "kept", "dropped"}, "Filtered",
+     "which items a Filtered keeps depends on its predicate applied to the data, and the checkpoint records "
+     "what a filter drew for each step only where it is the loader's outermost source"),
     ({"from", "from_read", "read", "slots", "draws", "ended"}, "Shuffled",
      "a Shuffled buffer's draws depend on its seed, which its saved position does not record"),
     ({"from", "from_read", "read", "rows", "rng", "given", "final"}, "exact_shuffle",
@@ -62,6 +64,12 @@ def is_packed(position: Any) -> bool:
     """A ``Packed`` position that counts its documents (written from this release on): as the outermost source,
     its steps are named from the marks of the blocks' ends (``_packed``)."""
     return isinstance(position, Mapping) and {"source", "carry", "documents", "offset"} <= set(position)
+
+
+def is_filtered(position: Any) -> bool:
+    """A ``Filtered`` position: as the outermost source, its steps are named from the marks of the blocks' ends
+    (``_filtered``)."""
+    return isinstance(position, Mapping) and set(position) == {"source", "kept", "dropped"}
 
 
 def is_mixture(position: Any) -> bool:

@@ -36,7 +36,7 @@ from typing import Callable, Optional, Sequence
 
 from ..checkpoint import _integrity
 from ..checkpoint import _state as S
-from . import _check_resume, _composed, _dispatched, _indices, _packed, _streams
+from . import _check_resume, _composed, _dispatched, _filtered, _indices, _packed, _streams
 from ._position import with_reader
 from ._diff import diff_reports, format_diff
 from ._read import (Checkpoint, NotAnswerable, Problem, UnreadableCheckpoint, open_checkpoint,
@@ -261,10 +261,13 @@ def _composed_samples(ckpt: Checkpoint, states: list, ranks: Sequence[int], worl
                 f"checkpoint does not record; ask for a step from 0 to {layout.taken - 1}, or --consumed"
             )
         steps = range(layout.taken) if args.consumed else [args.step]
-        if any(_composed.is_packed(anchor) for anchor in layout.anchors):
+        marked = next((by for kind, by in ((_composed.is_packed, _packed.step_pieces),
+                                           (_composed.is_filtered, _filtered.step_draws))
+                       if any(kind(anchor) for anchor in layout.anchors)), None)
+        if marked is not None:  # named from the marks of the outermost source
             datasets = [None if snap is None else snap["dataset"]
                         for snap in _streams.reader_stream(with_reader(states, rank))["snapshots"]]
-            batches = [dict(_packed.step_pieces(layout, datasets, step), step=step) for step in steps]
+            batches = [dict(marked(layout, datasets, step), step=step) for step in steps]
         else:
             items = [_streams.step_items(layout, step) for step in steps]
             named = iter(_composed.name_items(list(layout.anchors), [k for ks in items for k in ks], layout.epoch))
@@ -275,8 +278,8 @@ def _composed_samples(ckpt: Checkpoint, states: list, ranks: Sequence[int], worl
     out = {"schema_version": SCHEMA_VERSION, "checkpoint": str(ckpt.path), "loader": args.loader,
            "epoch": states[0][S.EPOCH], "world_size": world, "elastic": False, "ranks": found}
     _print(out, args.json, _format_samples(out))
-    unknown = [s["unknown"] for r in found for b in r["batches"] for s in b.get("samples", b.get("pieces"))
-               if s.get("unknown")]
+    unknown = [s["unknown"] for r in found for b in r["batches"] for key in ("samples", "pieces", "drawn")
+               for s in b.get(key, ()) if s.get("unknown")]
     return _fail(unknown[0], NOT_APPLICABLE) if unknown else OK
 
 
@@ -290,17 +293,28 @@ def _format_samples(out: dict) -> str:
         if rank["batches_in_epoch"] is None and any("pieces" in b for b in rank["batches"]):
             lines.append("# each step's packed rows as the pieces of documents they were cut from, "
                          "source:document[start:stop] (token offsets; whole documents without them)")
+        elif rank["batches_in_epoch"] is None and any("drawn" in b for b in rank["batches"]):
+            lines.append("# each step's rows are the items its Filtered kept among the source items it drew for them, "
+                         "listed here as source:document in the order drawn; which of them were kept is the "
+                         "predicate's decision: run it on them to tell")
         elif rank["batches_in_epoch"] is None:
             lines.append("# each sample as source:document (the document's index in that source's order this "
                          "epoch; (item N): its N-th item this epoch, where the checkpoint cannot tell which document)")
         if rank["stripe_origin"]:
             lines.append(f"# steps count from sample {rank['stripe_origin']} of the epoch: the samples before it "
                          "were taken on another number of processes")
-        lines += [f"step {b['step']}: {' '.join(_shown(b, i) for i in range(len(b['indices'])))}"
-                  if "pieces" not in b else
-                  f"step {b['step']} ({b['rows']}): {' '.join(_piece(p) for p in b['pieces'])}"
-                  for b in rank["batches"]]
+        lines += [_step_line(b) for b in rank["batches"]]
     return "\n".join(lines)
+
+
+def _step_line(batch: dict) -> str:
+    """A step of ``samples``: its samples, the pieces of its packed rows, or what its filter drew for it."""
+    if "pieces" in batch:
+        return f"step {batch['step']} ({batch['rows']}): {' '.join(_piece(p) for p in batch['pieces'])}"
+    if "drawn" in batch:
+        return (f"step {batch['step']} ({batch['rows']}): {batch['kept']} kept, {batch['dropped']} dropped of "
+                f"{len(batch['drawn'])} drawn: {' '.join(_piece(dict(d, start=0, stop=None)) for d in batch['drawn'])}")
+    return f"step {batch['step']}: {' '.join(_shown(batch, i) for i in range(len(batch['indices'])))}"
 
 
 def _piece(piece: dict) -> str:

@@ -17,29 +17,20 @@ is a checkpoint written before packers counted their documents.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping, Optional
 
 from ..sources._merge import mark_triples, next_token
 from ._composed import _source_items, is_packed
 from ._read import NotAnswerable
-from ._streams import Layout, step_items
+from ._streams import Layout, marked_span
+
 
 def step_pieces(layout: Layout, datasets: list, step: int) -> dict:
     """``{"indices", "rows", "pieces"}`` of the rank's ``step``: its row indices, whose rows the pieces are
     (``"this rank"`` or ``"all ranks"``), and each piece ``{"source", "document", "start", "stop"}`` (token
     offsets in the document; ``stop`` ``None``: to its end)."""
     points = _points(datasets)
-    rows = step_items(layout, step)
-    span = (min(rows), max(rows) + 1)
-    scope = "this rank"
-    if span[1] - span[0] != len(rows) or not {span[0], span[1]} <= set(points):
-        everyone = [k for rank in range(layout.world)
-                    for k in step_items(dataclasses.replace(layout, rank=rank), step)]
-        span, scope = (min(everyone), max(everyone) + 1), "all ranks"
-        if span[1] - span[0] != len(set(everyone)):
-            raise NotAnswerable(f"step {step} holds packed rows left out by skip_samples, which were read but "
-                                "not trained; samples names the documents of a packed step without such rows")
+    rows, span, scope = marked_span(layout, step, set(points), "packed rows", "the documents of a packed step")
     missing = [k for k in span if k not in points]
     if missing:
         raise NotAnswerable(

@@ -19,12 +19,13 @@ lengths, which a checkpoint does not record.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..checkpoint import _state as S
 from ..position._skips import of_epoch
-from ._composed import is_named, is_packed, opaque_kind
+from ._composed import is_filtered, is_named, is_packed, opaque_kind
 from ._read import NotAnswerable
 
 
@@ -97,14 +98,14 @@ def layout(state: Mapping[str, Any], world: int) -> Layout:
 
 def _refuse_opaque(outer: list) -> None:
     for position in outer:
-        if position is None or is_named(position) or is_packed(position):
+        if position is None or is_named(position) or is_packed(position) or is_filtered(position):
             continue
         opaque = opaque_kind(position)
         why = f"its outermost source is a {opaque[0]}: {opaque[1]}" if opaque else "its outermost source's position " \
               "is not one samples can read"
         raise NotAnswerable(f"this stream's samples cannot be named from the checkpoint: {why}; samples names "
                             "the source and document of each sample of a Mixture or a Shuffled (with any sources "
-                            "below it), and the documents of a Packed's steps")
+                            "below it), the documents of a Packed's steps, and the items a Filtered's steps drew")
 
 
 def _check_counts(found: Layout, reader: Mapping[str, Any], state: Mapping[str, Any]) -> None:
@@ -173,3 +174,22 @@ def step_items(found: Layout, step: int) -> list[int]:
     share, number = (batch - found.first) % found.shares, (batch - found.first) // found.shares
     js = [number * size + offset + i for i in range(per)]
     return share_items(share, found.shares, found.skip, js, found.block, found.origin)
+
+
+def marked_span(layout: Layout, step: int, marked: set, what: str, named: str
+                ) -> tuple[list[int], tuple[int, int], str]:
+    """The rank's ``step`` as ``(indices, span, scope)``: its item indices, the ``[start, stop)`` span of indices
+    whose ends the outermost source's marks (``sources._global``) name it by, and whose rows that span holds:
+    ``"this rank"`` where the rank's part is a whole span, ends ``marked``; else the whole step's, ``"all
+    ranks"``. A step with ``what`` (rows) left out by ``skip_samples`` in it is refused: they were read, not
+    trained, and a span between marks holds them (``named``: what ``samples`` names of such a step)."""
+    rows = step_items(layout, step)
+    span, scope = (min(rows), max(rows) + 1), "this rank"
+    if span[1] - span[0] != len(rows) or not {span[0], span[1]} <= marked:
+        everyone = [k for rank in range(layout.world)
+                    for k in step_items(dataclasses.replace(layout, rank=rank), step)]
+        span, scope = (min(everyone), max(everyone) + 1), "all ranks"
+        if span[1] - span[0] != len(set(everyone)):
+            raise NotAnswerable(f"step {step} holds {what} left out by skip_samples, which were read but not trained; "
+                                f"samples names {named} without such rows")
+    return rows, span, scope

@@ -403,7 +403,8 @@ class GlobalStream(IterableDataset):
 
 # What GlobalStream.state_dict() writes. ``marks``: where the sequence stood at the end of each of the share's
 # blocks this epoch, ``(index, *mark)`` flattened, for an outermost source whose cursor has ``mark()`` (a
-# ``Packed``: the next token as (document, offset)); ``samples`` names a step's rows from them.
+# ``Packed``: the next token as (document, offset); a ``Filtered``: the source items drawn and kept); ``samples``
+# names a step's rows from them (``_merge.mark_triples``).
 STATE_KEYS = frozenset({"index", "position", "skip", "block", "origin", "marks"})
 
 

@@ -1,5 +1,5 @@
-"""Positions saved by several readers, merged, and the marks of a packer (pure: the command line reads them
-without torch)."""
+"""Positions saved by several readers, merged, and the marks of a packer or a filter (pure: the command line
+reads them without torch)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,15 @@ def next_token(documents: int, offset: int, carried: bool) -> tuple[int, int]:
     return (documents - 1, offset) if carried else (documents, 0)
 
 
+def drawn_kept(kept: int, dropped: int) -> tuple[int, int]:
+    """Where a filter stands, as (source items drawn this epoch, of which kept): its mark, and what its
+    position says at its next index."""
+    return kept + dropped, kept
+
+
 def mark_triples(marks: Sequence[int]) -> list[tuple[int, int, int]]:
-    """A share's marks (``sources._global``: ``(index, document, offset)`` flattened) as triples."""
+    """A share's marks (``sources._global``: ``(index, *mark)`` flattened) as triples: ``(index, document,
+    offset)`` under a packer (:func:`next_token`), ``(index, drawn, kept)`` under a filter (:func:`drawn_kept`)."""
     return [tuple(marks[i:i + 3]) for i in range(0, len(marks), 3)]
 
 

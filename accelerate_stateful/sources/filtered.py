@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._global import Cursor, GlobalStream, check_child, check_source, open_source, plain_copy
+from ._merge import drawn_kept
 
 _POSITION_KEYS = {"source", "kept", "dropped"}
 
@@ -38,7 +39,10 @@ class Filtered(GlobalStream):
     Position (the ``"position"`` of ``state_dict()``): ``source`` (the source's position after the last item
     drawn), ``kept`` and ``dropped`` (the items drawn from the source in this epoch that the predicate kept
     and dropped; their sum is the items drawn). Under a ``Mixture`` the same counts sit in the mixture's
-    ``sources`` entry for that source, next to its ``drawn`` and ``delivered`` counts.
+    ``sources`` entry for that source, next to its ``drawn`` and ``delivered`` counts. As a loader's outermost
+    source, each worker share also notes at the end of each worker batch it hands out the items drawn and kept
+    so far (``"marks"`` of ``state_dict()``, two integers and the index a batch): ``samples --step N`` names
+    the source items a step's rows were kept from by them.
 
     Examples:
         >>> docs = [{"text": "hi"}, {"text": "a longer one"}, {"text": "ok"}, {"text": "long enough"}]
@@ -150,6 +154,11 @@ class _FilterCursor:
     def position(self) -> dict:
         source = self._source.position() if self._moved else self._start["source"]
         return {"source": plain_copy(source), "kept": self._kept, "dropped": self._dropped}
+
+    def mark(self) -> tuple[int, int]:
+        """(source items drawn this epoch, of which kept): noted at each block's end when this filter is the
+        outermost source, what ``samples`` names a step's drawn items by."""
+        return drawn_kept(self._kept, self._dropped)
 
 
 def _checked(position: Any) -> dict:

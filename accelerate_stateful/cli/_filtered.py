@@ -1,0 +1,71 @@
+"""Which source items a ``Filtered`` stream's steps drew, from the checkpoint alone (``samples``).
+
+Which items a filter keeps is its predicate's answer on the data, which the checkpoint does not hold. What it
+holds instead: every worker share of the outermost ``Filtered`` notes, at the end of each block it hands out
+(a worker batch), the source items drawn this epoch and how many of them were kept (``sources._global``:
+``marks``), and its own position says the same at its next index. The steps a rank takes are runs of blocks,
+so the rows of a step lie between two such points: they are the items the predicate kept among the source
+items drawn between them, as many as the step's rows. Those drawn items are named by their number in the
+source's order this epoch, which the source's own position names (``_composed``: a mixture's source and
+document, a map-style dataset's index); which of them were kept, the predicate decides (run it on them).
+
+Where a rank's part of a step starts or ends inside a block (the shard loader cuts each global batch between
+the ranks; the dispatcher with ``split_batches``), the draws of the whole step are named, for all ranks
+together. Rows left out by ``skip_samples`` are read but not trained, so a step around them is refused, as
+is a step whose ends a checkpoint written before filters noted their draws does not record.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..sources._merge import drawn_kept, mark_triples
+from ._composed import _source_items, is_filtered
+from ._read import NotAnswerable
+from ._streams import Layout, marked_span
+
+
+def step_draws(layout: Layout, datasets: list, step: int) -> dict:
+    """``{"indices", "rows", "drawn", "kept", "dropped"}`` of the rank's ``step``: its row indices, whose rows the
+    draws are (``"this rank"`` or ``"all ranks"``), each source item drawn for them ``{"source", "document"}`` in
+    the order drawn, and how many of those the predicate kept (the rows) and dropped."""
+    points = _points(datasets)
+    rows, span, scope = marked_span(layout, step, set(points), "filtered rows", "the draws of a filtered step")
+    missing = [k for k in span if k not in points]
+    if missing:
+        raise NotAnswerable(
+            f"the checkpoint does not record how many source items the Filtered had drawn at row {missing[0]}, the "
+            f"{'start' if missing[0] == span[0] else 'end'} of step {step}: it was written before filters noted "
+            "their draws at each worker batch's end, so which source items the step's rows were kept from is not "
+            "known"
+        )
+    (first, kept_before), (stop, kept_after) = points[span[0]], points[span[1]]
+    kept = kept_after - kept_before
+    if kept != span[1] - span[0] or stop - first < kept:
+        raise NotAnswerable(
+            f"the checkpoint's Filtered counts disagree with its rows: step {step} holds {span[1] - span[0]} rows, "
+            f"but the filter kept {kept} of the {stop - first} source items it drew for them; the checkpoint is "
+            "damaged or not written by this package's loaders"
+        )
+    drawn = list(range(first, stop))
+    named = _source_items(_furthest(datasets), None, drawn, layout.epoch) if drawn else []
+    return {"indices": rows, "rows": scope, "drawn": named, "kept": kept, "dropped": len(drawn) - kept}
+
+
+def _points(datasets: list) -> dict[int, tuple[int, int]]:
+    """Row index -> (source items drawn, of which kept) there, from every share's marks and position."""
+    found: dict[int, tuple[int, int]] = {0: (0, 0)}  # an epoch's first row: nothing drawn yet
+    for dataset in datasets:
+        if dataset is None:
+            continue
+        found.update({index: (drawn, kept) for index, drawn, kept in mark_triples(dataset.get("marks", []))})
+        position = dataset["position"]
+        if is_filtered(position):
+            found[dataset["index"]] = drawn_kept(position["kept"], position["dropped"])
+    return found
+
+
+def _furthest(datasets: list) -> Optional[Any]:
+    """The source position of the share whose filter drew furthest: it names every item drawn before."""
+    found = [d["position"] for d in datasets if d is not None and is_filtered(d["position"])]
+    return max(found, key=lambda p: drawn_kept(p["kept"], p["dropped"])[0])["source"] if found else None
