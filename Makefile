@@ -103,6 +103,7 @@ soak: install
 	ACCELERATE_STATEFUL_LAUNCH=exec $(PY) tests/soak.py --kind scenarios --per-launch 1 --launches $${SOAK_SCENARIO_LAUNCHES:-300} \
 		--out soak_out/scenarios
 	ACCELERATE_STATEFUL_LAUNCH=exec $(PY) tests/grid.py --out soak_out/grid
+	cd tests && $(PY) sources_fuzz.py --cases $${SOAK_FUZZ_CASES:-300}
 
 # The tables print; the results also go to bench_out/*.json, drawn into docs/figures/*.png (commit those).
 bench: install
