@@ -10,12 +10,15 @@ rounds. Writing the checkpoint takes a minute or two on 2 cores.
     python benchmarks/bench_samples_shuffled.py --buffer-size 0  # the Mixture read as it is, no Shuffled
     python benchmarks/bench_samples_shuffled.py --buffer-size 0 --packed 128   # Packed(Mixture), rows of 128
     python benchmarks/bench_samples_shuffled.py --buffer-size 0 --filtered     # Filtered(Mixture), 4 of 7 kept
+    python benchmarks/bench_samples_shuffled.py --buffer-size 0 --packed 128 --filtered  # Packed(Filtered(Mixture))
 
 With ``--packed`` each source's document ``i`` is ``1 + i % 97`` tokens, the rows are packed from the mixture
 (``Packed(Mixture(...), seq_len)``), and ``samples`` names each step's pieces of documents from the marks the
 packer's shares noted at each batch's end; the size of one rank's saved state is printed too. With
 ``--filtered`` the rows are the mixture's items that :func:`four_of_seven` keeps (``Filtered(Mixture(...))``),
-and ``samples`` names the items each step drew from the marks the filter's shares noted.
+and ``samples`` names the items each step drew from the marks the filter's shares noted. With both, the
+documents :func:`four_of_seven` keeps are packed (``Packed(Filtered(Mixture(...)), seq_len)``), and
+``samples`` names each step's documents by the source items the filter drew, from the packer's marks.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from torch.utils.data import DataLoader
 
@@ -47,9 +51,9 @@ class Documents:
         return [self.base + i] * (1 + i % 97)
 
 
-def four_of_seven(item: int) -> bool:
-    """Keeps 4 of every 7 items (drops 3 in 7, about 43 %)."""
-    return item % 7 < 4
+def four_of_seven(item: Any) -> bool:
+    """Keeps 4 of every 7 items (drops 3 in 7, about 43 %): of the numbers, or of the documents by their number."""
+    return (item[0] if isinstance(item, list) else item) % 7 < 4
 
 
 def checkpoint(folder: Path, steps: int, buffer_size: int, world: int = 2, batch_size: int = 32,
@@ -63,8 +67,8 @@ def checkpoint(folder: Path, steps: int, buffer_size: int, world: int = 2, batch
             data = {"books": range(size), "code": range(size, 2 * size), "web": range(2 * size, 3 * size)}
         mix = Mixture(data, {"books": 1, "code": 2, "web": 5}, seed=11)
         source = Shuffled(mix, buffer_size, seed=3) if buffer_size else mix
-        source = Packed(source, packed) if packed else source
         source = Filtered(source, four_of_seven) if filtered else source
+        source = Packed(source, packed) if packed else source
         loader = IterableShardDataLoader.from_dataloader(DataLoader(source, batch_size=batch_size),
                                                          DistContext(rank, world))
         it = iter(loader)
@@ -95,10 +99,9 @@ def main() -> None:
     parser.add_argument("--ask", type=int, nargs="+", default=[10_000, 5_000, 0], help="the steps asked")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--packed", type=int, default=0, help="pack the rows: their seq_len (0: not packed)")
-    parser.add_argument("--filtered", action="store_true", help="rows: the items a filter keeps (not with --packed)")
+    parser.add_argument("--filtered", action="store_true",
+                        help="rows: the items a filter keeps; with --packed, the documents it keeps, packed")
     args = parser.parse_args()
-    if args.filtered and args.packed:
-        parser.error("--filtered names the items of a Filtered(Mixture): pass it without --packed")
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         ckpt = checkpoint(Path(tmp) / "ckpt", args.steps, args.buffer_size, packed=args.packed,

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import zlib
 
 import pytest
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import (DispatchDataLoader, DistContext, Filtered, IterableShardDataLoader, Mixture, Packed,
-                                 Shuffled)
+from accelerate_stateful import DistContext, Filtered, IterableShardDataLoader, Mixture, Packed, Shuffled
 from accelerate_stateful.checkpoint import _files
 
 from cli_run import cli_json, run_cli, save_checkpoint
+from stream_samples import answers, check_scopes, checked_across_a_resume, grid_params, run_steps, saved_after, stream_loader
 
 BASES = {"a": 1, "b": 2, "inner/x": 3, "inner/y": 4}
 
@@ -58,9 +57,7 @@ def _unfiltered(cfg: dict):
 
 
 def _loader(cfg: dict, rank: int, workers: int):
-    dl = DataLoader(Filtered(_unfiltered(cfg), cfg["keep"]), batch_size=cfg["bs"], num_workers=workers)
-    build = DispatchDataLoader if cfg["dispatch"] else IterableShardDataLoader
-    return build.from_dataloader(dl, DistContext(rank, cfg["world"]), split_batches=cfg["split"])
+    return stream_loader(Filtered(_unfiltered(cfg), cfg["keep"]), cfg, rank, workers)
 
 
 # (ranks, dispatcher, split_batches, workers before and after the resume, below the filter, predicate): six, so
@@ -70,81 +67,34 @@ _GRID = [(1, False, False, (0, 2), "mixture", keep_most), (2, True, False, (2, 0
          (2, False, False, (2, 0), "mixture", keep_all), (3, True, True, (0, 2), "dataset", keep_most)]
 
 
-def _configs() -> list:
-    rng = random.Random(31)
-    found = []
-    for world, dispatch, split, workers, below, keep in _GRID:
-        cfg = dict(world=world, seed=rng.randrange(1000), dispatch=dispatch, split=split, workers=workers,
-                   below=below, keep=keep, stops=sorted(rng.sample(range(1, 7), 2)), bs=2 * world if split else 2)
-        name = f"world{world}-{'dispatch' if dispatch else 'shard'}{'-split' if split else ''}-workers{workers[0]}to" \
-               f"{workers[1]}-{below}-{keep.__name__}"
-        found.append(pytest.param(cfg, id=name))
-    return found
-
-
 def _item(named: dict) -> int:
     """The item a drawn source item names (a single dataset's: source ``None``)."""
     return BASES[named["source"] or "a"] * 10**6 + named["document"]
 
 
-def _run(loaders: list, steps: int, passes: list) -> list[list[list[int]]]:
-    """Each rank's next ``steps`` batches (a packer's: its rows' tokens); the passes stay live for the save."""
-    passes += [iter(loader) for loader in loaders]
-    batches = [[next(it) for _ in range(steps)] for it in passes[-len(loaders):]]
-    return [[(b["input_ids"] if isinstance(b, dict) else b).tolist() for b in rank] for rank in batches]
-
-
 def _check(ckpt, taken: list, cfg: dict) -> None:
     out = cli_json("samples", ckpt, "--consumed")
     in_order = []  # the draws of every step (every rank's part where each rank's is named), in global order
-    for step in range(len(taken[0])):
-        for rank, found in enumerate(out["ranks"]):
-            answer = found["batches"][step]
-            assert answer["step"] == step
-            rows = taken[rank][step] if answer["rows"] == "this rank" else \
-                [row for r in range(cfg["world"]) for row in taken[r][step]]
-            drawn = [_item(named) for named in answer["drawn"]]
-            assert [item for item in drawn if cfg["keep"](item)] == rows, (rank, step, answer["rows"])
-            assert (answer["kept"], answer["dropped"]) == (len(rows), len(drawn) - len(rows))
-            if answer["rows"] == "this rank" or rank == 0:
-                in_order += drawn
+    for answer, rows, counted in answers(out, taken, cfg):
+        drawn = [_item(named) for named in answer["drawn"]]
+        assert [item for item in drawn if cfg["keep"](item)] == rows, (answer["step"], rows)
+        assert (answer["kept"], answer["dropped"]) == (len(rows), len(drawn) - len(rows))
+        in_order += drawn if counted else []
     assert in_order == list(itertools.islice(iter(_unfiltered(cfg)), len(in_order)))
-    # where the dispatcher hands each rank a whole block, each rank's part is named on its own
-    scopes = {b["rows"] for found in out["ranks"] for b in found["batches"]}
-    assert scopes == ({"this rank"} if cfg["world"] == 1 or (cfg["dispatch"] and not cfg["split"]) else {"all ranks"})
+    check_scopes(out, cfg)
 
 
-@pytest.mark.parametrize("cfg", _configs())
+@pytest.mark.parametrize("cfg", grid_params(_GRID, 31))
 def test_samples_name_the_source_items_each_filtered_step_drew_across_a_resume_on_other_workers(tmp_path, cfg):
-    world, (first, second) = cfg["world"], cfg["stops"]
-    loaders = [_loader(cfg, r, cfg["workers"][0]) for r in range(world)]
-    passes: list = []
-    taken = _run(loaders, first, passes)
-    ckpt = save_checkpoint(tmp_path / "first", [[loader.state_dict() for loader in loaders]])
-    _check(ckpt, taken, cfg)
-
-    resumed = [_loader(cfg, r, cfg["workers"][1]) for r in range(world)]
-    for rank, loader in enumerate(resumed):
-        loader.load_state_dict(_files.read_loader_state(ckpt, 0, rank))
-    more = _run(resumed, second, passes)
-    both = [taken[r] + more[r] for r in range(world)]
-    _check(save_checkpoint(tmp_path / "second", [[loader.state_dict() for loader in resumed]]), both, cfg)
+    checked_across_a_resume(tmp_path, cfg, _loader, _check)
 
 
 def odd(item: int) -> bool:
     return item % 2 == 1
 
 
-def _filtered_checkpoint(tmp_path, source, steps: int = 3, **loader):
-    loaders = [IterableShardDataLoader.from_dataloader(DataLoader(source, **{"batch_size": 2, **loader}),
-                                                       DistContext(0, 1))]
-    passes: list = []
-    taken = _run(loaders, steps, passes)
-    return save_checkpoint(tmp_path / "ckpt", [[loader.state_dict() for loader in loaders]]), taken
-
-
 def test_a_filtered_step_lists_its_drawn_items_and_says_the_predicate_decides_which_were_kept(tmp_path):
-    ckpt, taken = _filtered_checkpoint(tmp_path, Filtered([1, 3, 4, 6, 8, 5, 7, 2, 9, 11, 13, 15], odd), steps=3)
+    ckpt, taken = saved_after(tmp_path, Filtered([1, 3, 4, 6, 8, 5, 7, 2, 9, 11, 13, 15], odd), steps=3)
     assert taken == [[[1, 3], [5, 7], [9, 11]]]
     status, out, _ = run_cli("samples", ckpt, "--consumed")
     assert status == 0
@@ -156,7 +106,7 @@ def test_a_filtered_step_lists_its_drawn_items_and_says_the_predicate_decides_wh
 
 
 def test_a_filtered_checkpoint_written_before_filters_noted_their_draws_is_refused_with_the_reason(tmp_path):
-    ckpt, _ = _filtered_checkpoint(tmp_path, Filtered(list(range(40)), odd), steps=3)
+    ckpt, _ = saved_after(tmp_path, Filtered(list(range(40)), odd), steps=3)
     state = _files.read_loader_state(ckpt, 0, 0)
     for snap in state["stream"]["snapshots"]:
         snap["dataset"].pop("marks")
@@ -171,14 +121,14 @@ def test_a_filtered_step_around_rows_left_out_is_refused_since_those_rows_were_r
                                                      DistContext(0, 1))
     loader.skip_samples(3, 4)
     passes: list = []
-    _run([loader], 3, passes)
+    run_steps([loader], 3, passes)
     status, _, err = run_cli("samples", save_checkpoint(tmp_path / "skip", [[loader.state_dict()]]), "--step", "1")
     assert status == 4 and "filtered rows left out by skip_samples" in err
 
 
 def test_a_filter_below_a_mixture_is_still_named_by_its_item_number_with_the_reason(tmp_path):
     source = Mixture({"odd": Filtered(list(range(40)), odd), "all": list(range(40))}, {"odd": 1, "all": 1}, seed=0)
-    ckpt, _ = _filtered_checkpoint(tmp_path, source, steps=2)
+    ckpt, _ = saved_after(tmp_path, source, steps=2)
     status, out, err = run_cli("samples", ckpt, "--consumed")
     assert status == 4 and "(item " in out
     assert "it is a Filtered: which items a Filtered keeps depends on its predicate" in err
@@ -188,19 +138,21 @@ def long(document: list) -> bool:
     return len(document) > 1
 
 
-def test_a_packed_filter_names_its_rows_pieces_by_the_filters_kept_item_and_says_why_not_the_document(tmp_path):
+def test_a_packed_filter_saved_before_packers_noted_its_draws_names_pieces_by_kept_item_with_the_reason(tmp_path):
     docs = [[d] * (1 + d % 3) for d in range(60)]  # every token is its document's number
     kept = [d for d, doc in enumerate(docs) if long(doc)]
-    loaders = [IterableShardDataLoader.from_dataloader(DataLoader(Packed(Filtered(docs, long), 3), batch_size=2),
-                                                       DistContext(0, 1))]
-    passes: list = []
-    taken = _run(loaders, 3, passes)
-    status, out, err = run_cli("samples", save_checkpoint(tmp_path / "ckpt", [[loaders[0].state_dict()]]),
-                               "--consumed", "--json")
+    ckpt, taken = saved_after(tmp_path, Packed(Filtered(docs, long), 3))
+    state = _files.read_loader_state(ckpt, 0, 0)
+    for snap in state["stream"]["snapshots"]:  # as a release before it wrote them: (index, document, offset)
+        dataset = snap["dataset"]
+        assert dataset.pop("mark_width") == 4
+        dataset["marks"] = [v for i, v in enumerate(dataset["marks"]) if i % 4 != 3]
+    status, out, err = run_cli("samples", save_checkpoint(tmp_path / "old", [[state]]), "--consumed", "--json")
     assert status == 4
     for step, answer in enumerate(json.loads(out)["ranks"][0]["batches"]):
         tokens = [t for row in taken[0][step] for t in row]
         assert [kept[piece["item"]] for piece in answer["pieces"]] == list(dict.fromkeys(tokens))
+        assert "between" not in answer
     assert "which items a Filtered keeps depends on its predicate applied to the data, and the checkpoint records " \
-           "what a filter drew for each step only where it is the loader's outermost source" in err
-
+           "what a filter drew for each step only where it is the loader's outermost source, or the source of an " \
+           "outermost Packed in a checkpoint written since packers note their filter's draws" in err

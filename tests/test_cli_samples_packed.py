@@ -17,10 +17,11 @@ import random
 import pytest
 from torch.utils.data import DataLoader
 
-from accelerate_stateful import DispatchDataLoader, DistContext, IterableShardDataLoader, Mixture, Packed
+from accelerate_stateful import DistContext, IterableShardDataLoader, Mixture, Packed
 from accelerate_stateful.checkpoint import _files
 
 from cli_run import cli_json, run_cli, save_checkpoint
+from stream_samples import check_scopes, checked_across_a_resume, run_steps, saved_after, stream_loader
 
 BASES = {"a": 1, "b": 2, "inner/x": 3, "inner/y": 4}
 NAMES = {base: name for name, base in BASES.items()}
@@ -47,9 +48,7 @@ def _source(cfg: dict) -> Packed:
 
 
 def _loader(cfg: dict, rank: int, workers: int):
-    dl = DataLoader(_source(cfg), batch_size=cfg["bs"], num_workers=workers)
-    build = DispatchDataLoader if cfg["dispatch"] else IterableShardDataLoader
-    return build.from_dataloader(dl, DistContext(rank, cfg["world"]), split_batches=cfg["split"])
+    return stream_loader(_source(cfg), cfg, rank, workers)
 
 
 def _configs(count: int = 8) -> list:
@@ -81,12 +80,6 @@ def _pieces(rows: list[list[int]], lengths: dict[str, list[int]]) -> list[dict]:
     return found
 
 
-def _run(loaders: list, steps: int, passes: list) -> list[list[list[list[int]]]]:
-    """Each rank's next ``steps`` batches (each a list of rows); the passes stay live for the save."""
-    passes += [iter(loader) for loader in loaders]
-    return [[next(it)["input_ids"].tolist() for _ in range(steps)] for it in passes[-len(loaders):]]
-
-
 def _expected(taken: list, cfg: dict, answer: dict, rank: int, step: int) -> list[dict]:
     if answer["rows"] == "this rank":
         rows = taken[rank][step]
@@ -102,39 +95,17 @@ def _check(ckpt, taken: list, cfg: dict) -> None:
         for answer in found["batches"]:
             got = [{k: p[k] for k in ("source", "document", "start", "stop")} for p in answer["pieces"]]
             assert got == _expected(taken, cfg, answer, rank, answer["step"]), (rank, answer["step"], answer["rows"])
-    # where the dispatcher hands each rank a whole block, each rank's part is named on its own
-    scopes = {b["rows"] for found in out["ranks"] for b in found["batches"]}
-    assert scopes == ({"this rank"} if cfg["world"] == 1 or (cfg["dispatch"] and not cfg["split"]) else {"all ranks"})
+    check_scopes(out, cfg)
 
 
 @pytest.mark.parametrize("cfg", _configs())
 def test_samples_name_the_documents_each_packed_step_was_cut_from_across_a_resume_on_other_workers(tmp_path, cfg):
-    world, (first, second) = cfg["world"], cfg["stops"]
-    loaders = [_loader(cfg, r, cfg["workers"][0]) for r in range(world)]
-    passes: list = []
-    taken = _run(loaders, first, passes)
-    ckpt = save_checkpoint(tmp_path / "first", [[loader.state_dict() for loader in loaders]])
-    _check(ckpt, taken, cfg)
-
-    resumed = [_loader(cfg, r, cfg["workers"][1]) for r in range(world)]
-    for rank, loader in enumerate(resumed):
-        loader.load_state_dict(_files.read_loader_state(ckpt, 0, rank))
-    more = _run(resumed, second, passes)
-    both = [taken[r] + more[r] for r in range(world)]
-    _check(save_checkpoint(tmp_path / "second", [[loader.state_dict() for loader in resumed]]), both, cfg)
-
-
-def _packed_checkpoint(tmp_path, source, steps: int = 3, world: int = 1, **loader):
-    loaders = [IterableShardDataLoader.from_dataloader(DataLoader(source, **{"batch_size": 2, **loader}),
-                                                       DistContext(r, world)) for r in range(world)]
-    passes: list = []
-    taken = _run(loaders, steps, passes)
-    return save_checkpoint(tmp_path / "ckpt", [[loader.state_dict() for loader in loaders]]), taken
+    checked_across_a_resume(tmp_path, cfg, _loader, _check)
 
 
 def test_empty_documents_are_named_in_the_step_whose_rows_the_packer_read_them_for(tmp_path):
     docs = [[10, 11, 12], [], [20, 21, 22, 23, 24], [], [], [30], [40, 41, 42, 43], [50, 51, 52, 53, 54, 55]]
-    ckpt, taken = _packed_checkpoint(tmp_path, Packed(docs, 2), steps=3)
+    ckpt, taken = saved_after(tmp_path, Packed(docs, 2), steps=3)
     assert taken == [[[[10, 11], [12, 20]], [[21, 22], [23, 24]], [[30, 40], [41, 42]]]]
     status, out, _ = run_cli("samples", ckpt, "--consumed")
     assert status == 0
@@ -144,7 +115,7 @@ def test_empty_documents_are_named_in_the_step_whose_rows_the_packer_read_them_f
 
 
 def test_a_packed_checkpoint_written_before_packers_counted_documents_is_refused_with_the_reason(tmp_path):
-    ckpt, _ = _packed_checkpoint(tmp_path, Packed([[1, 2, 3]] * 20, 2), steps=2)
+    ckpt, _ = saved_after(tmp_path, Packed([[1, 2, 3]] * 20, 2), steps=2)
     state = _files.read_loader_state(ckpt, 0, 0)
     for snap in state["stream"]["snapshots"]:
         snap["dataset"].pop("marks")
@@ -162,6 +133,6 @@ def test_a_packed_step_around_rows_left_out_is_refused_since_those_rows_were_rea
                                                      DistContext(0, 1))
     loader.skip_samples(3, 4)
     passes: list = []
-    _run([loader], 3, passes)
+    run_steps([loader], 3, passes)
     status, _, err = run_cli("samples", save_checkpoint(tmp_path / "skip", [[loader.state_dict()]]), "--step", "1")
     assert status == 4 and "rows left out by skip_samples" in err

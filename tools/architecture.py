@@ -55,6 +55,8 @@ NOT_DRAWN: dict[str, str] = {
     "cli/_shuffled.py": "a Shuffled buffer's draws replayed in item numbers, for samples; part of cli/_composed.py",
     "cli/_filtered.py": "a Filtered stream's steps as the source items they drew, from the marks its filter noted; "
                         "beside cli/_packed.py (docs/cli.md)",
+    "cli/_packed_filtered.py": "a Packed(Filtered) stream's documents as the source items they were, from the "
+                               "filter's draws its packer noted; part of cli/_packed.py (docs/cli.md)",
     "sources/_draws.py": "a Shuffled buffer's draws, importable without torch; part of shuffle.py",
     "sources/_recorded.py": "a position recorded after every batch, made JSON-able only when read; part of "
                             "_global.py",

@@ -41,7 +41,8 @@ _OPAQUE = (
      "the checkpoint records only for the outermost source's steps"),
     ({"source", "kept", "dropped"}, "Filtered",
      "which items a Filtered keeps depends on its predicate applied to the data, and the checkpoint records "
-     "what a filter drew for each step only where it is the loader's outermost source"),
+     "what a filter drew for each step only where it is the loader's outermost source, or the source of an "
+     "outermost Packed in a checkpoint written since packers note their filter's draws"),
     ({"from", "from_read", "read", "slots", "draws", "ended"}, "Shuffled",
      "a Shuffled buffer's draws depend on its seed, which its saved position does not record"),
     ({"from", "from_read", "read", "rows", "rng", "given", "final"}, "exact_shuffle",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..sources._merge import drawn_kept, mark_triples
+from ..sources._merge import drawn_kept, mark_tuples
 from ._composed import _source_items, is_filtered
 from ._read import NotAnswerable
 from ._streams import Layout, marked_span
@@ -58,7 +58,7 @@ def _points(datasets: list) -> dict[int, tuple[int, int]]:
     for dataset in datasets:
         if dataset is None:
             continue
-        found.update({index: (drawn, kept) for index, drawn, kept in mark_triples(dataset.get("marks", []))})
+        found.update({index: (drawn, kept) for index, drawn, kept in mark_tuples(dataset)})
         position = dataset["position"]
         if is_filtered(position):
             found[dataset["index"]] = drawn_kept(position["kept"], position["dropped"])

@@ -278,8 +278,9 @@ def _composed_samples(ckpt: Checkpoint, states: list, ranks: Sequence[int], worl
     out = {"schema_version": SCHEMA_VERSION, "checkpoint": str(ckpt.path), "loader": args.loader,
            "epoch": states[0][S.EPOCH], "world_size": world, "elastic": False, "ranks": found}
     _print(out, args.json, _format_samples(out))
-    unknown = [s["unknown"] for r in found for b in r["batches"] for key in ("samples", "pieces", "drawn")
-               for s in b.get(key, ()) if s.get("unknown")]
+    unknown = [s["unknown"] for r in found for b in r["batches"]
+               for s in [*b.get("samples", ()), *b.get("pieces", ()), *b.get("drawn", ()),
+                         *b.get("between", {}).get("drawn", ())] if s.get("unknown")]
     return _fail(unknown[0], NOT_APPLICABLE) if unknown else OK
 
 
@@ -293,6 +294,11 @@ def _format_samples(out: dict) -> str:
         if rank["batches_in_epoch"] is None and any("pieces" in b for b in rank["batches"]):
             lines.append("# each step's packed rows as the pieces of documents they were cut from, "
                          "source:document[start:stop] (token offsets; whole documents without them)")
+            if any("between" in b for b in rank["batches"]):
+                lines.append("# the documents are the items a Filtered kept, each named by the source item it was "
+                             "where the checkpoint tells; [K of ...]: K whole documents, the items the Filtered "
+                             "kept among the source items listed, in the order drawn; which of them were kept is "
+                             "the predicate's decision: run it on them to tell")
         elif rank["batches_in_epoch"] is None and any("drawn" in b for b in rank["batches"]):
             lines.append("# each step's rows are the items its Filtered kept among the source items it drew for them, "
                          "listed here as source:document in the order drawn; which of them were kept is the "
@@ -310,11 +316,23 @@ def _format_samples(out: dict) -> str:
 def _step_line(batch: dict) -> str:
     """A step of ``samples``: its samples, the pieces of its packed rows, or what its filter drew for it."""
     if "pieces" in batch:
-        return f"step {batch['step']} ({batch['rows']}): {' '.join(_piece(p) for p in batch['pieces'])}"
+        return f"step {batch['step']} ({batch['rows']}): {' '.join(_pieces(batch))}"
     if "drawn" in batch:
         return (f"step {batch['step']} ({batch['rows']}): {batch['kept']} kept, {batch['dropped']} dropped of "
                 f"{len(batch['drawn'])} drawn: {' '.join(_piece(dict(d, start=0, stop=None)) for d in batch['drawn'])}")
     return f"step {batch['step']}: {' '.join(_shown(batch, i) for i in range(len(batch['indices'])))}"
+
+
+def _pieces(batch: dict) -> list[str]:
+    """A packed step's pieces; below a filter, ``[K of ...]`` for the documents kept among the items drawn
+    between the ones named (where some of those were dropped)."""
+    shown = [_piece(p) for p in batch["pieces"] if not p.get("between")]
+    between = batch.get("between")
+    if between and between["dropped"]:
+        drawn = " ".join(_piece(dict(d, start=0, stop=None)) for d in between["drawn"])
+        at = 1 if batch["pieces"][0]["start"] else 0  # after a first document begun in an earlier step
+        shown.insert(at, f"[{between['kept']} of {drawn}]")
+    return shown
 
 
 def _piece(piece: dict) -> str:

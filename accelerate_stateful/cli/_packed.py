@@ -7,7 +7,9 @@ position says the same at its next index. The steps a rank takes are runs of blo
 lie between two such points; the step then holds the documents between them: the first from its offset on,
 the last up to its offset, the ones between whole (an empty document among them adds nothing). A document's
 number is the packer's count of its source's items this epoch, which the source's own position names
-(``_composed``: a mixture's source and document, a map-style dataset's index).
+(``_composed``: a mixture's source and document, a map-style dataset's index). Over a ``Filtered`` those
+are the filter's kept items, and the marks also hold the filter's draws, which name the source items they
+were (``_packed_filtered``).
 
 Where a rank's part of a step starts or ends inside a block (the shard loader cuts each global batch between
 the ranks; the dispatcher with ``split_batches``), the rows of the whole step are named, for all ranks
@@ -17,10 +19,11 @@ is a checkpoint written before packers counted their documents.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from ..sources._merge import mark_triples, next_token
+from ..sources._merge import MARK_WIDTH, epoch_mark_width, mark_tuples, next_token
 from ._composed import _source_items, is_packed
+from ._packed_filtered import kept_documents
 from ._read import NotAnswerable
 from ._streams import Layout, marked_span
 
@@ -28,7 +31,9 @@ from ._streams import Layout, marked_span
 def step_pieces(layout: Layout, datasets: list, step: int) -> dict:
     """``{"indices", "rows", "pieces"}`` of the rank's ``step``: its row indices, whose rows the pieces are
     (``"this rank"`` or ``"all ranks"``), and each piece ``{"source", "document", "start", "stop"}`` (token
-    offsets in the document; ``stop`` ``None``: to its end)."""
+    offsets in the document; ``stop`` ``None``: to its end). Over a ``Filtered`` whose draws the marks hold
+    (``_packed_filtered``), each piece also has ``"item"`` (the filter's kept item it is) and ``"between": True``
+    where its document is one of those kept among the draws of ``"between"``, which the answer then has too."""
     points = _points(datasets)
     rows, span, scope = marked_span(layout, step, set(points), "packed rows", "the documents of a packed step")
     missing = [k for k in span if k not in points]
@@ -38,25 +43,32 @@ def step_pieces(layout: Layout, datasets: list, step: int) -> dict:
             f"{'start' if missing[0] == span[0] else 'end'} of step {step}: it was written before packers noted "
             "the documents at each worker batch's end, so which documents a row was cut from is not known"
         )
-    (first, start), (last, stop) = points[span[0]], points[span[1]]
+    before, after = points[span[0]], points[span[1]]
+    (first, start), (last, stop) = before[:2], after[:2]
     documents = list(range(first, last + (1 if stop else 0)))
-    named = _source_items(_furthest(datasets), None, documents, layout.epoch) if documents else []
-    pieces = []
-    for document, item in zip(documents, named):
-        piece = dict(item, start=start if document == first else 0, stop=stop if document == last else None)
-        pieces.append(piece)
-    return {"indices": rows, "rows": scope, "pieces": pieces}
+    source, found = _furthest(datasets), {"indices": rows, "rows": scope}
+    if len(before) > 2:  # over a Filtered: the documents are its kept items, named from its draws
+        named, found["between"] = kept_documents(before, after, source and source["source"], step, layout.epoch)
+        items = [dict(named.get(d, {"source": None, "document": None, "between": True}), item=d) for d in documents]
+    else:
+        items = _source_items(source, None, documents, layout.epoch) if documents else []
+    found["pieces"] = [dict(item, start=start if document == first else 0, stop=stop if document == last else None)
+                       for document, item in zip(documents, items)]
+    return found
 
 
-def _points(datasets: list) -> dict[int, tuple[int, int]]:
-    """Row index -> the next token's (document, offset) there, from every share's marks and position."""
-    found: dict[int, tuple[int, int]] = {0: (0, 0)}  # an epoch's first row starts its first document
+def _points(datasets: list) -> dict[int, tuple[int, ...]]:
+    """Row index -> the next token's (document, offset) there, and over a filter its draws (``_merge.mark_tuples``),
+    from every share's marks, and in an epoch of 3-wide marks its position (a checkpoint written before packers
+    noted marks has none; one of wider marks has them at every block's end)."""
+    width = epoch_mark_width(datasets) or MARK_WIDTH
+    found: dict[int, tuple[int, ...]] = {0: (0,) * (width - 1)}  # an epoch's first row starts its first document
     for dataset in datasets:
         if dataset is None:
             continue
-        found.update({index: (document, offset) for index, document, offset in mark_triples(dataset.get("marks", []))})
+        found.update({mark[0]: mark[1:] for mark in mark_tuples(dataset)})
         position = dataset["position"]
-        if is_packed(position):
+        if is_packed(position) and width == MARK_WIDTH:
             found[dataset["index"]] = next_token(position["documents"], position["offset"], bool(position["carry"]))
     return found
 

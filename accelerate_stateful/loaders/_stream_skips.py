@@ -20,6 +20,7 @@ from ..checkpoint import _state as S
 from ..errors import UnsupportedConfigError
 from ..position import _skips
 from ..sources._global import share_of
+from ..sources._merge import epoch_mark_width
 from ._snapshot import unpack
 
 
@@ -88,8 +89,10 @@ def with_block(snapshots: Sequence[Optional[dict]], block: int) -> list[Optional
 def with_marks(snapshots: Sequence[Optional[dict]]) -> list[Optional[dict]]:
     """The shares' starting snapshots asking the outermost source to note where the sequence stands at the end of
     each block (``sources._global``: ``marks``, what ``samples`` names a packed row's documents by); the marks
-    a share already has are kept."""
-    return _with_source_field(snapshots, keep=True, marks=[])
+    a share already has are kept, and once a share has noted some, every share notes them in their width
+    (``_merge.epoch_mark_width``: a share that has noted none would note its cursor's own)."""
+    width = epoch_mark_width([None if snap is None else unpack(snap).get("dataset") for snap in snapshots])
+    return _with_source_field(snapshots, keep=True, marks=[], **({} if width is None else {"mark_width": width}))
 
 
 def already_delivered(snapshots: Sequence[Optional[dict]], ranges: Sequence[Sequence[int]]) -> list[str]:

@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import CheckpointError, UnsupportedConfigError
+from ._merge import MARK_WIDTH, mark_width, noting_width
 from ._recorded import Prefix, recorded
 from .indexed import Indexed, as_indexed, stream_library
 
@@ -314,7 +315,7 @@ class GlobalStream(IterableDataset):
     def _state(self, recording: bool) -> dict:
         live = self.__dict__.get("_live")
         if live is not None:
-            cursor, index, skip, block, origin, marks = live
+            cursor, index, skip, block, origin, marks, width = live
             state = {"index": index[0], "position": recorded(cursor) if recording else cursor.position()}
             if skip:
                 state["skip"] = [list(r) for r in skip]
@@ -324,6 +325,8 @@ class GlobalStream(IterableDataset):
                 state["origin"] = origin
             if marks is not None:
                 state["marks"] = Prefix(marks, len(marks)) if recording else marks.tolist()
+                if width != MARK_WIDTH:
+                    state["mark_width"] = width
             return state
         start = self.__dict__.get("_start")
         return copy.deepcopy(start) if start is not None else {"index": 0, "position": None}
@@ -362,12 +365,13 @@ class GlobalStream(IterableDataset):
         # Noted where the loader asks (``"marks"`` in the starting state): per block of a worker batch there, where
         # item by item (a source iterated on its own) the log would grow with every item.
         marks = array.array("q", start["marks"]) if callable(mark) and "marks" in start else None
-        self._live = (cursor, index, skip, block, origin, marks)
+        width = MARK_WIDTH if marks is None else noting_width(start, mark())
+        self._live = (cursor, index, skip, block, origin, marks, width)
         if marks is None:
             return self._split(cursor, index, keeps)
         ends = share_filter(workers, worker, (), block, origin)  # this share's blocks, items left out or not
         return self._split_marked(cursor, index, keeps, lambda k: (k + 1 - origin) % block == 0 and ends(k),
-                                  mark, marks)
+                                  mark, marks, width)
 
     @staticmethod
     def _split(cursor: Cursor, index: list, keeps: Callable[[int], bool]) -> Iterator[Any]:
@@ -382,10 +386,10 @@ class GlobalStream(IterableDataset):
 
     @staticmethod
     def _split_marked(cursor: Cursor, index: list, keeps: Callable[[int], bool], ends: Callable[[int], bool],
-                      mark: Callable[[], Any], marks: array.array) -> Iterator[Any]:
+                      mark: Callable[[], Any], marks: array.array, width: int) -> Iterator[Any]:
         """:meth:`_split`, noting after the last item of each of this share's blocks (``ends``) where the sequence
-        stands (the cursor's ``mark()``) as ``(index, *mark)`` in ``marks``, before the item is handed out: the
-        batch it ends is recorded with it."""
+        stands (the cursor's ``mark()``) as ``(index, *mark)`` in ``marks``, ``width`` ints in all
+        (``_merge.noting_width``), before the item is handed out: the batch it ends is recorded with it."""
         while True:
             try:
                 item = next(cursor)
@@ -396,16 +400,17 @@ class GlobalStream(IterableDataset):
             if ends(k):
                 at = mark()
                 if at is not None:
-                    marks.extend((k + 1, *at))
+                    marks.extend((k + 1, *at[:width - 1]))
             if keeps(k):
                 yield item
 
 
 # What GlobalStream.state_dict() writes. ``marks``: where the sequence stood at the end of each of the share's
 # blocks this epoch, ``(index, *mark)`` flattened, for an outermost source whose cursor has ``mark()`` (a
-# ``Packed``: the next token as (document, offset); a ``Filtered``: the source items drawn and kept); ``samples``
-# names a step's rows from them (``_merge.mark_triples``).
-STATE_KEYS = frozenset({"index", "position", "skip", "block", "origin", "marks"})
+# ``Packed``: the next token as (document, offset), and over a ``Filtered`` the filter's items drawn; a
+# ``Filtered``: the source items drawn and kept); ``mark_width``: the ints each takes, where not 3. ``samples``
+# names a step's rows from them (``_merge.mark_tuples``).
+STATE_KEYS = frozenset({"index", "position", "skip", "block", "origin", "marks", "mark_width"})
 
 
 def _well_formed(state: Any) -> bool:
@@ -417,8 +422,10 @@ def _well_formed(state: Any) -> bool:
                for key in ("index", "block", "origin")) or state["index"] < 0 or state.get("block", 1) < 1 \
             or not 0 <= state.get("origin", 0) <= state["index"]:
         return False
-    marks = state.get("marks", [])
-    if not isinstance(marks, list) or len(marks) % 3 or not all(
+    marks, width = state.get("marks", []), mark_width(state)
+    if isinstance(width, bool) or not isinstance(width, int) or width < 2:
+        return False
+    if not isinstance(marks, list) or len(marks) % width or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in marks):
         return False
     skip = state.get("skip", [])

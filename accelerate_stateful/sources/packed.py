@@ -19,6 +19,7 @@ import torch
 from ..errors import CheckpointError, UnsupportedConfigError
 from ._global import Cursor, GlobalStream, check_child, check_source, open_source
 from ._merge import next_token
+from .filtered import Filtered
 
 _ENDINGS = ("drop", "pad")
 
@@ -68,7 +69,10 @@ class Packed(GlobalStream):
     is short unless documents are much longer than a row. ``documents`` and
     ``offset`` name the next token as (document, offset): what ``samples``
     names a row's pieces by (a position written before they were recorded
-    lacks them).
+    lacks them). Over a :class:`Filtered`, the marks the loader notes at each
+    batch's end also hold the filter's items drawn when the last document was
+    read, which that document was: ``samples`` names the source items of a
+    step's documents by them.
 
     Examples:
         >>> docs = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6, 7, 8]}]
@@ -154,6 +158,9 @@ class _PackCursor:
         self._read = 0  # documents read by this cursor, to name one in an error
         self._counted, self._offset = counted, offset
         self._ended = False
+        # Over a filter: its source items drawn when the last document was read (that document was the last of
+        # them: a filter returns as soon as it keeps one), for the marks. Its position says so at the start.
+        self._drawn = documents.mark()[0] if isinstance(packed.source, Filtered) else None
 
     def __next__(self) -> dict:
         size = self._packed.seq_len
@@ -187,6 +194,8 @@ class _PackCursor:
             self._read += 1
             if self._counted is not None:
                 self._counted += 1
+            if self._drawn is not None:
+                self._drawn = self._documents.mark()[0]
             self._tokens, self._start, self._offset = _token_ids(document, self._packed.key, self._read), 0, 0
             if len(self._tokens):
                 return True
@@ -199,11 +208,13 @@ class _PackCursor:
             position["documents"], position["offset"] = self._counted, self._offset + self._start
         return position
 
-    def mark(self) -> Optional[tuple[int, int]]:
-        """The next token as (document of the epoch, offset in it); ``None`` where the count is not known."""
+    def mark(self) -> Optional[tuple[int, ...]]:
+        """The next token as (document of the epoch, offset in it), and over a filter the filter's items drawn
+        when the last document was read (``_merge.last_read``); ``None`` where the count is not known."""
         if self._counted is None:
             return None
-        return next_token(self._counted, self._offset + self._start, self._start < len(self._tokens))
+        at = next_token(self._counted, self._offset + self._start, self._start < len(self._tokens))
+        return at if self._drawn is None else (*at, self._drawn)
 
 
 def _list_ids(tokens: Any) -> np.ndarray:
