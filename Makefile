@@ -97,13 +97,14 @@ torture: install
 # through every set: none may hang (the watchdog dumps every rank's and worker's stack) or fail.
 # Then the elastic grid (tests/grid.py, docs/elastic.md): a language-model pipeline resumed across every ordered
 # pair of (1-4 processes) x (0, 1, 2, 4 workers), 52 chains of 5 resumes in 91 launches; every chain exact.
+# Then 300 random composable pipelines through random chains of topologies, in one process (tests/sources_fuzz.py).
 soak: install
 	rm -rf soak_out
 	ACCELERATE_STATEFUL_LAUNCH=exec $(PY) tests/soak.py --kind exit --launches $${SOAK_LAUNCHES:-100} --out soak_out/exit
 	ACCELERATE_STATEFUL_LAUNCH=exec $(PY) tests/soak.py --kind scenarios --per-launch 1 --launches $${SOAK_SCENARIO_LAUNCHES:-300} \
 		--out soak_out/scenarios
 	ACCELERATE_STATEFUL_LAUNCH=exec $(PY) tests/grid.py --out soak_out/grid
-	cd tests && $(PY) sources_fuzz.py --cases $${SOAK_FUZZ_CASES:-300}
+	$(PY) tests/sources_fuzz.py --cases $${SOAK_FUZZ_CASES:-300}
 
 # The tables print; the results also go to bench_out/*.json, drawn into docs/figures/*.png (commit those).
 bench: install
