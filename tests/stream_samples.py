@@ -5,7 +5,7 @@ and run to a second one, and each checkpoint is checked against what the loaders
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 from torch.utils.data import DataLoader
@@ -46,11 +46,14 @@ def run_steps(loaders: list, steps: int, passes: list) -> list[list[list]]:
     return [[(b["input_ids"] if isinstance(b, dict) else b).tolist() for b in rank] for rank in batches]
 
 
-def saved_after(tmp_path, source: Any, steps: int = 3, world: int = 1, **loader: Any) -> tuple[Any, list]:
-    """A checkpoint of ``world`` shard loaders over ``source`` (batch size 2 unless ``loader`` says) after
-    ``steps`` steps, and the batches they took (:func:`run_steps`)."""
+def saved_after(tmp_path, source: Any, steps: int = 3, world: int = 1, skip: Optional[tuple[int, int]] = None,
+                **loader: Any) -> tuple[Any, list]:
+    """A checkpoint of ``world`` shard loaders over ``source`` (batch size 2 unless ``loader`` says; ``skip``: the
+    rows ``skip_samples`` leaves out first) after ``steps`` steps, and the batches they took (:func:`run_steps`)."""
     loaders = [IterableShardDataLoader.from_dataloader(DataLoader(source, **{"batch_size": 2, **loader}),
                                                        DistContext(r, world)) for r in range(world)]
+    for each in loaders if skip else ():
+        each.skip_samples(*skip)
     taken = run_steps(loaders, steps, [])
     return save_checkpoint(tmp_path / "ckpt", [[each.state_dict() for each in loaders]]), taken
 

@@ -20,13 +20,12 @@ import json
 import zlib
 
 import pytest
-from torch.utils.data import DataLoader
 
-from accelerate_stateful import DistContext, Filtered, IterableShardDataLoader, Mixture, Packed, Shuffled
+from accelerate_stateful import Filtered, Mixture, Packed, Shuffled
 from accelerate_stateful.checkpoint import _files
 
 from cli_run import cli_json, run_cli, save_checkpoint
-from stream_samples import answers, check_scopes, checked_across_a_resume, grid_params, run_steps, saved_after, stream_loader
+from stream_samples import answers, check_scopes, checked_across_a_resume, grid_params, saved_after, stream_loader
 
 BASES = {"a": 1, "b": 2, "inner/x": 3, "inner/y": 4}
 
@@ -117,12 +116,8 @@ def test_a_filtered_checkpoint_written_before_filters_noted_their_draws_is_refus
 
 
 def test_a_filtered_step_around_rows_left_out_is_refused_since_those_rows_were_read_but_not_trained(tmp_path):
-    loader = IterableShardDataLoader.from_dataloader(DataLoader(Filtered(list(range(80)), odd), batch_size=2),
-                                                     DistContext(0, 1))
-    loader.skip_samples(3, 4)
-    passes: list = []
-    run_steps([loader], 3, passes)
-    status, _, err = run_cli("samples", save_checkpoint(tmp_path / "skip", [[loader.state_dict()]]), "--step", "1")
+    ckpt, _ = saved_after(tmp_path, Filtered(list(range(80)), odd), skip=(3, 4))
+    status, _, err = run_cli("samples", ckpt, "--step", "1")
     assert status == 4 and "filtered rows left out by skip_samples" in err
 
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from torch.utils.data import DataLoader
 
-from accelerate_stateful import DistContext, IterableShardDataLoader, Mixture, Packed
+from accelerate_stateful import Mixture, Packed
 from accelerate_stateful.checkpoint import _files
 
 from cli_run import cli_json, run_cli, save_checkpoint
-from stream_samples import check_scopes, checked_across_a_resume, run_steps, saved_after, stream_loader
+from stream_samples import check_scopes, checked_across_a_resume, saved_after, stream_loader
 
 BASES = {"a": 1, "b": 2, "inner/x": 3, "inner/y": 4}
 NAMES = {base: name for name, base in BASES.items()}
@@ -129,10 +128,6 @@ def test_a_packed_checkpoint_written_before_packers_counted_documents_is_refused
 
 
 def test_a_packed_step_around_rows_left_out_is_refused_since_those_rows_were_read_but_not_trained(tmp_path):
-    loader = IterableShardDataLoader.from_dataloader(DataLoader(Packed([[1, 2, 3]] * 40, 2), batch_size=2),
-                                                     DistContext(0, 1))
-    loader.skip_samples(3, 4)
-    passes: list = []
-    run_steps([loader], 3, passes)
-    status, _, err = run_cli("samples", save_checkpoint(tmp_path / "skip", [[loader.state_dict()]]), "--step", "1")
+    ckpt, _ = saved_after(tmp_path, Packed([[1, 2, 3]] * 40, 2), skip=(3, 4))
+    status, _, err = run_cli("samples", ckpt, "--step", "1")
     assert status == 4 and "rows left out by skip_samples" in err

@@ -220,11 +220,7 @@ def test_an_old_epoch_continued_by_this_release_notes_its_marks_as_before_and_an
 
 
 def test_a_packed_filter_step_around_rows_left_out_is_refused_since_those_rows_were_read_but_not_trained(tmp_path):
-    loader = IterableShardDataLoader.from_dataloader(DataLoader(Packed(Filtered(DOCS, even_first), 3), batch_size=2),
-                                                     DistContext(0, 1))
-    loader.skip_samples(3, 4)
-    run_steps([loader], 3, [])
-    ckpt = save_checkpoint(tmp_path / "skip", [[loader.state_dict()]])
+    ckpt, _ = saved_after(tmp_path, Packed(Filtered(DOCS, even_first), 3), skip=(3, 4))
     status, _, err = run_cli("samples", ckpt, "--step", "1")
     assert status == 4 and "packed rows left out by skip_samples" in err
     status, out, _ = run_cli("samples", ckpt, "--step", "0")

@@ -19,27 +19,22 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..sources._merge import drawn_kept, mark_tuples
+from ..sources._merge import drawn_kept
 from ._composed import _source_items, is_filtered
 from ._read import NotAnswerable
-from ._streams import Layout, marked_span
+from ._streams import Layout, MarkWords, furthest, marked_points, marked_step
+
+
+_WORDS = MarkWords(rows="filtered rows", names="the draws of a filtered step",
+                   stood="how many source items the Filtered had drawn", noted="filters noted their draws",
+                   unknown="which source items the step's rows were kept from")
 
 
 def step_draws(layout: Layout, datasets: list, step: int) -> dict:
     """``{"indices", "rows", "drawn", "kept", "dropped"}`` of the rank's ``step``: its row indices, whose rows the
     draws are (``"this rank"`` or ``"all ranks"``), each source item drawn for them ``{"source", "document"}`` in
     the order drawn, and how many of those the predicate kept (the rows) and dropped."""
-    points = _points(datasets)
-    rows, span, scope = marked_span(layout, step, set(points), "filtered rows", "the draws of a filtered step")
-    missing = [k for k in span if k not in points]
-    if missing:
-        raise NotAnswerable(
-            f"the checkpoint does not record how many source items the Filtered had drawn at row {missing[0]}, the "
-            f"{'start' if missing[0] == span[0] else 'end'} of step {step}: it was written before filters noted "
-            "their draws at each worker batch's end, so which source items the step's rows were kept from is not "
-            "known"
-        )
-    (first, kept_before), (stop, kept_after) = points[span[0]], points[span[1]]
+    rows, scope, span, (first, kept_before), (stop, kept_after) = marked_step(layout, step, _points(datasets), _WORDS)
     kept = kept_after - kept_before
     if kept != span[1] - span[0] or stop - first < kept:
         raise NotAnswerable(
@@ -48,24 +43,16 @@ def step_draws(layout: Layout, datasets: list, step: int) -> dict:
             "damaged or not written by this package's loaders"
         )
     drawn = list(range(first, stop))
-    named = _source_items(_furthest(datasets), None, drawn, layout.epoch) if drawn else []
+    named = _source_items(furthest(datasets, _drawn), None, drawn, layout.epoch) if drawn else []
     return {"indices": rows, "rows": scope, "drawn": named, "kept": kept, "dropped": len(drawn) - kept}
 
 
-def _points(datasets: list) -> dict[int, tuple[int, int]]:
-    """Row index -> (source items drawn, of which kept) there, from every share's marks and position."""
-    found: dict[int, tuple[int, int]] = {0: (0, 0)}  # an epoch's first row: nothing drawn yet
-    for dataset in datasets:
-        if dataset is None:
-            continue
-        found.update({index: (drawn, kept) for index, drawn, kept in mark_tuples(dataset)})
-        position = dataset["position"]
-        if is_filtered(position):
-            found[dataset["index"]] = drawn_kept(position["kept"], position["dropped"])
-    return found
+def _drawn(position: Any) -> Optional[int]:
+    """A filter's source items drawn this epoch, from its position (``None``: not a filter's)."""
+    return drawn_kept(position["kept"], position["dropped"])[0] if is_filtered(position) else None
 
 
-def _furthest(datasets: list) -> Optional[Any]:
-    """The source position of the share whose filter drew furthest: it names every item drawn before."""
-    found = [d["position"] for d in datasets if d is not None and is_filtered(d["position"])]
-    return max(found, key=lambda p: drawn_kept(p["kept"], p["dropped"])[0])["source"] if found else None
+def _points(datasets: list) -> dict[int, tuple]:
+    """Row index -> (source items drawn, of which kept) there, from every share's marks and position (an epoch's
+    first row: nothing drawn yet)."""
+    return marked_points(datasets, (0, 0), lambda p: drawn_kept(p["kept"], p["dropped"]) if is_filtered(p) else None)

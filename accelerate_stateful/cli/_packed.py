@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..sources._merge import MARK_WIDTH, epoch_mark_width, mark_tuples, next_token
+from ..sources._merge import MARK_WIDTH, epoch_mark_width, next_token
 from ._composed import _source_items, is_packed
 from ._packed_filtered import kept_documents
-from ._read import NotAnswerable
-from ._streams import Layout, marked_span
+from ._streams import Layout, MarkWords, furthest, marked_points, marked_step
+
+_WORDS = MarkWords(rows="packed rows", names="the documents of a packed step",
+                   stood="where the packed sequence stood", noted="packers noted the documents",
+                   unknown="which documents a row was cut from")
 
 
 def step_pieces(layout: Layout, datasets: list, step: int) -> dict:
@@ -34,19 +37,11 @@ def step_pieces(layout: Layout, datasets: list, step: int) -> dict:
     offsets in the document; ``stop`` ``None``: to its end). Over a ``Filtered`` whose draws the marks hold
     (``_packed_filtered``), each piece also has ``"item"`` (the filter's kept item it is) and ``"between": True``
     where its document is one of those kept among the draws of ``"between"``, which the answer then has too."""
-    points = _points(datasets)
-    rows, span, scope = marked_span(layout, step, set(points), "packed rows", "the documents of a packed step")
-    missing = [k for k in span if k not in points]
-    if missing:
-        raise NotAnswerable(
-            f"the checkpoint does not record where the packed sequence stood at row {missing[0]}, the "
-            f"{'start' if missing[0] == span[0] else 'end'} of step {step}: it was written before packers noted "
-            "the documents at each worker batch's end, so which documents a row was cut from is not known"
-        )
-    before, after = points[span[0]], points[span[1]]
+    rows, scope, _, before, after = marked_step(layout, step, _points(datasets), _WORDS)
     (first, start), (last, stop) = before[:2], after[:2]
     documents = list(range(first, last + (1 if stop else 0)))
-    source, found = _furthest(datasets), {"indices": rows, "rows": scope}
+    source = furthest(datasets, lambda p: p["documents"] if is_packed(p) else None)
+    found = {"indices": rows, "rows": scope}
     if len(before) > 2:  # over a Filtered: the documents are its kept items, named from its draws
         named, found["between"] = kept_documents(before, after, source and source["source"], step, layout.epoch)
         items = [dict(named.get(d, {"source": None, "document": None, "between": True}), item=d) for d in documents]
@@ -57,23 +52,15 @@ def step_pieces(layout: Layout, datasets: list, step: int) -> dict:
     return found
 
 
-def _points(datasets: list) -> dict[int, tuple[int, ...]]:
+def _points(datasets: list) -> dict[int, tuple]:
     """Row index -> the next token's (document, offset) there, and over a filter its draws (``_merge.mark_tuples``),
     from every share's marks, and in an epoch of 3-wide marks its position (a checkpoint written before packers
     noted marks has none; one of wider marks has them at every block's end)."""
     width = epoch_mark_width(datasets) or MARK_WIDTH
-    found: dict[int, tuple[int, ...]] = {0: (0,) * (width - 1)}  # an epoch's first row starts its first document
-    for dataset in datasets:
-        if dataset is None:
-            continue
-        found.update({mark[0]: mark[1:] for mark in mark_tuples(dataset)})
-        position = dataset["position"]
-        if is_packed(position) and width == MARK_WIDTH:
-            found[dataset["index"]] = next_token(position["documents"], position["offset"], bool(position["carry"]))
-    return found
 
+    def here(position: Any) -> Optional[tuple]:
+        if not is_packed(position) or width != MARK_WIDTH:
+            return None
+        return next_token(position["documents"], position["offset"], bool(position["carry"]))
 
-def _furthest(datasets: list) -> Optional[Any]:
-    """The source position of the share whose packer read furthest: it names every document read before."""
-    found = [d["position"] for d in datasets if d is not None and is_packed(d["position"])]
-    return max(found, key=lambda p: p["documents"])["source"] if found else None
+    return marked_points(datasets, (0,) * (width - 1), here)  # an epoch's first row starts its first document

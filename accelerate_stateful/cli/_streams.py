@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from ..checkpoint import _state as S
 from ..position._skips import of_epoch
+from ..sources._merge import mark_tuples
 from ._composed import is_filtered, is_named, is_packed, opaque_kind
 from ._read import NotAnswerable
 
@@ -176,20 +177,63 @@ def step_items(found: Layout, step: int) -> list[int]:
     return share_items(share, found.shares, found.skip, js, found.block, found.origin)
 
 
-def marked_span(layout: Layout, step: int, marked: set, what: str, named: str
-                ) -> tuple[list[int], tuple[int, int], str]:
-    """The rank's ``step`` as ``(indices, span, scope)``: its item indices, the ``[start, stop)`` span of indices
-    whose ends the outermost source's marks (``sources._global``) name it by, and whose rows that span holds:
-    ``"this rank"`` where the rank's part is a whole span, ends ``marked``; else the whole step's, ``"all
-    ranks"``. A step with ``what`` (rows) left out by ``skip_samples`` in it is refused: they were read, not
-    trained, and a span between marks holds them (``named``: what ``samples`` names of such a step)."""
+@dataclass(frozen=True)
+class MarkWords:
+    """How ``samples`` speaks of an outermost source named by its marks, in its refusals: its ``rows`` (left out by
+    ``skip_samples``), what it ``names`` of a step, what a mark records (``stood``: "where the packed sequence
+    stood"), which writers first ``noted`` it, and what is ``unknown`` without it."""
+
+    rows: str
+    names: str
+    stood: str
+    noted: str
+    unknown: str
+
+
+def marked_points(datasets: list, first: tuple, here: Callable[[Any], Optional[tuple]]) -> dict[int, tuple]:
+    """Row index -> the outermost source's mark there (``_merge.mark_tuples``, the index left out), from every
+    share's marks, the epoch's first row's ``first``, and each share's position at its next index where ``here``
+    reads one from it (``None``: it does not)."""
+    found: dict[int, tuple] = {0: first}
+    for dataset in datasets:
+        if dataset is None:
+            continue
+        found.update({mark[0]: mark[1:] for mark in mark_tuples(dataset)})
+        point = here(dataset["position"])
+        if point is not None:
+            found[dataset["index"]] = point
+    return found
+
+
+def furthest(datasets: list, count: Callable[[Any], Optional[int]]) -> Optional[Any]:
+    """The source position below the outermost source of the share whose ``count`` of its position is the largest
+    (``None``: not that source's): it names every item that source read before."""
+    found = [d["position"] for d in datasets if d is not None and count(d["position"]) is not None]
+    return max(found, key=count)["source"] if found else None
+
+
+def marked_step(layout: Layout, step: int, points: Mapping[int, tuple], words: MarkWords
+                ) -> tuple[list[int], str, tuple[int, int], tuple, tuple]:
+    """The rank's ``step`` as ``(indices, scope, span, before, after)``: its item indices, whose rows the marks
+    around it name (``"this rank"`` where the rank's part is a whole span between marks; else the whole step's,
+    ``"all ranks"``), that ``[start, stop)`` span of indices, and the marks (``points``: :func:`marked_points`) at
+    its start and end. A step with rows
+    left out by ``skip_samples`` in it is refused: they were read, not trained, and a span between marks holds
+    them; so is a step whose ends no mark records (a checkpoint written before the source noted them)."""
     rows = step_items(layout, step)
     span, scope = (min(rows), max(rows) + 1), "this rank"
-    if span[1] - span[0] != len(rows) or not {span[0], span[1]} <= marked:
+    if span[1] - span[0] != len(rows) or not {span[0], span[1]} <= set(points):
         everyone = [k for rank in range(layout.world)
                     for k in step_items(dataclasses.replace(layout, rank=rank), step)]
         span, scope = (min(everyone), max(everyone) + 1), "all ranks"
         if span[1] - span[0] != len(set(everyone)):
-            raise NotAnswerable(f"step {step} holds {what} left out by skip_samples, which were read but not trained; "
-                                f"samples names {named} without such rows")
-    return rows, span, scope
+            raise NotAnswerable(f"step {step} holds {words.rows} left out by skip_samples, which were read but not "
+                                f"trained; samples names {words.names} without such rows")
+    missing = [k for k in span if k not in points]
+    if missing:
+        raise NotAnswerable(
+            f"the checkpoint does not record {words.stood} at row {missing[0]}, the "
+            f"{'start' if missing[0] == span[0] else 'end'} of step {step}: it was written before {words.noted} at "
+            f"each worker batch's end, so {words.unknown} is not known"
+        )
+    return rows, scope, span, points[span[0]], points[span[1]]
